@@ -1,0 +1,74 @@
+//! The disk check (placeholder until implemented).
+
+use std::time::Duration;
+
+use fleetmend_proto::{Finding, RecommendedAction, Status};
+use serde::Deserialize;
+
+use super::{BuildContext, Check, Observation, RunContext};
+use crate::config::{ConfigProblems, Schedule};
+
+pub const NAME: &str = "disk";
+
+/// Settings of the disk check (`[checks.disk]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiskConfig {
+    /// Run this check.
+    pub enabled: bool,
+    /// Time between runs.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Longest a run may take before it is reported as timed out.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for DiskConfig {
+    fn default() -> Self {
+        DiskConfig {
+            enabled: true,
+            interval: Duration::from_secs(10),
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl DiskConfig {
+    pub fn schedule(&self) -> Schedule {
+        Schedule { enabled: self.enabled, interval: self.interval, timeout: self.timeout }
+    }
+
+    pub fn validate(&self, section: &str, problems: &mut ConfigProblems) {
+        self.schedule().validate(section, problems);
+    }
+}
+
+#[derive(Debug)]
+pub struct DiskCheck {}
+
+impl DiskCheck {
+    pub fn new(_config: &DiskConfig, _ctx: BuildContext<'_>) -> Self {
+        DiskCheck {}
+    }
+}
+
+impl Check for DiskCheck {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn run(&mut self, _ctx: &RunContext<'_>) -> Observation {
+        Observation {
+            findings: vec![Finding::new(
+                NAME,
+                NAME,
+                "",
+                Status::Unknown,
+                RecommendedAction::None,
+                "not implemented",
+            )],
+            samples: Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! The agent's configuration: one TOML file, flags on top.
+//!
+//! Every struct denies unknown fields and every field has a default, so an empty file is a working
+//! config. [`AgentConfig::validate`] returns every problem at once, each naming its field.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::checks::{
+    disk::DiskConfig, gpu::GpuConfig, host::HostConfig, kernel_log::KernelLogConfig, nic::NicConfig,
+};
+
+/// The whole agent configuration (`fleetmend agent --config FILE`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    /// Node name used in reports and metrics. Default: the host name.
+    pub node: Option<String>,
+    /// Address for `/metrics`, `/healthz` and `/v1/health`.
+    pub listen: SocketAddr,
+    /// Where the host's files are; tests point these at fixture trees.
+    pub paths: HostPaths,
+    /// Reporting to the repairer.
+    pub report: ReportConfig,
+    /// The checks, each with its own schedule.
+    pub checks: ChecksConfig,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            node: None,
+            listen: SocketAddr::from(([0, 0, 0, 0], 9831)),
+            paths: HostPaths::default(),
+            report: ReportConfig::default(),
+            checks: ChecksConfig::default(),
+        }
+    }
+}
+
+/// Host paths, injected so checks run against plain directory trees in tests.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HostPaths {
+    /// The sysfs mount (`--path.sysfs`).
+    pub sysfs: PathBuf,
+    /// The procfs mount (`--path.procfs`).
+    pub procfs: PathBuf,
+    /// The root filesystem (`--path.rootfs`); configured mount points are read below it.
+    pub rootfs: PathBuf,
+    /// The kernel log to follow (`--kmsg`): `/dev/kmsg`, or a plain file followed as it grows.
+    pub kmsg: PathBuf,
+}
+
+impl Default for HostPaths {
+    fn default() -> Self {
+        HostPaths {
+            sysfs: PathBuf::from("/sys"),
+            procfs: PathBuf::from("/proc"),
+            rootfs: PathBuf::from("/"),
+            kmsg: PathBuf::from("/dev/kmsg"),
+        }
+    }
+}
+
+impl HostPaths {
+    /// `path` (absolute, as the host sees it) under the configured root filesystem.
+    pub fn under_rootfs(&self, path: &Path) -> PathBuf {
+        match path.strip_prefix("/") {
+            Ok(relative) => self.rootfs.join(relative),
+            Err(_) => self.rootfs.join(path),
+        }
+    }
+}
+
+/// Reports to the repairer (`POST {repairer}/v1/reports`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReportConfig {
+    /// Base URL of the repairer, e.g. `http://repairer:9830`. No URL: the agent only serves metrics.
+    pub repairer: Option<String>,
+    /// Time between regular reports.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Timeout of one report request.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Bearer token sent with every report.
+    pub token: Option<String>,
+    /// File holding the bearer token (read at start; surrounding white space ignored).
+    pub token_file: Option<PathBuf>,
+    /// First retry delay while the repairer is away; doubles per failure.
+    #[serde(with = "humantime_serde")]
+    pub backoff_initial: Duration,
+    /// Longest retry delay while the repairer is away.
+    #[serde(with = "humantime_serde")]
+    pub backoff_max: Duration,
+}
+
+impl Default for ReportConfig {
+    fn default() -> Self {
+        ReportConfig {
+            repairer: None,
+            interval: Duration::from_secs(10),
+            timeout: Duration::from_secs(5),
+            token: None,
+            token_file: None,
+            backoff_initial: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The checks; each can be turned off with `enabled = false`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ChecksConfig {
+    pub gpu: GpuConfig,
+    pub kernel_log: KernelLogConfig,
+    pub nic: NicConfig,
+    pub disk: DiskConfig,
+    pub host: HostConfig,
+}
+
+/// When a check runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Schedule {
+    pub enabled: bool,
+    pub interval: Duration,
+    pub timeout: Duration,
+}
+
+impl Schedule {
+    /// Adds the problems of an impossible schedule, naming `section` (e.g. `checks.gpu`).
+    pub fn validate(&self, section: &str, problems: &mut ConfigProblems) {
+        if self.interval.is_zero() {
+            problems.push(format!("{section}.interval"), "must be greater than zero");
+        }
+        if self.timeout.is_zero() {
+            problems.push(format!("{section}.timeout"), "must be greater than zero");
+        }
+        if self.timeout > self.interval && !self.interval.is_zero() {
+            problems.push(
+                format!("{section}.timeout"),
+                format!(
+                    "{} is longer than the interval {}",
+                    humantime::format_duration(self.timeout),
+                    humantime::format_duration(self.interval)
+                ),
+            );
+        }
+    }
+}
+
+/// One thing wrong with a config, naming the field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigProblem {
+    pub field: String,
+    pub message: String,
+}
+
+/// Every problem found in a config.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConfigProblems(pub Vec<ConfigProblem>);
+
+impl ConfigProblems {
+    pub fn push(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.0.push(ConfigProblem { field: field.into(), message: message.into() });
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Display for ConfigProblems {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, problem) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "  {}: {}", problem.field, problem.message)?;
+        }
+        Ok(())
+    }
+}
+
+/// Loading a config failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading config {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("parsing config {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("config {path} has {} problem(s):\n{problems}", problems.0.len())]
+    Invalid { path: PathBuf, problems: ConfigProblems },
+}
+
+impl AgentConfig {
+    /// Reads, parses and validates `path`.
+    pub fn load(path: &Path) -> Result<AgentConfig, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        let config = AgentConfig::parse(&text)
+            .map_err(|message| ConfigError::Parse { path: path.to_owned(), message })?;
+        config.validated(path)
+    }
+
+    /// Parses TOML text without validating it.
+    pub fn parse(text: &str) -> Result<AgentConfig, String> {
+        toml::from_str(text).map_err(|err| err.to_string().trim_end().to_owned())
+    }
+
+    /// `self` when valid, else every problem, attributed to `path`.
+    pub fn validated(self, path: &Path) -> Result<AgentConfig, ConfigError> {
+        let problems = self.validate();
+        if problems.is_empty() {
+            Ok(self)
+        } else {
+            Err(ConfigError::Invalid { path: path.to_owned(), problems })
+        }
+    }
+
+    /// Every problem with this config.
+    pub fn validate(&self) -> ConfigProblems {
+        let mut problems = ConfigProblems::default();
+        if let Some(node) = &self.node {
+            if node.is_empty() || node.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                problems.push("node", format!("{node:?} is not a usable node name"));
+            }
+        }
+        let report = &self.report;
+        if let Some(url) = &report.repairer {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                problems
+                    .push("report.repairer", format!("{url:?} is not an http:// or https:// URL"));
+            }
+        }
+        if report.token.is_some() && report.token_file.is_some() {
+            problems.push(
+                "report.token_file",
+                "set either report.token or report.token_file, not both",
+            );
+        }
+        for (field, value) in [
+            ("report.interval", report.interval),
+            ("report.timeout", report.timeout),
+            ("report.backoff_initial", report.backoff_initial),
+            ("report.backoff_max", report.backoff_max),
+        ] {
+            if value.is_zero() {
+                problems.push(field, "must be greater than zero");
+            }
+        }
+        if report.backoff_initial > report.backoff_max {
+            problems.push("report.backoff_initial", "is longer than report.backoff_max");
+        }
+        let checks = &self.checks;
+        checks.gpu.validate("checks.gpu", &mut problems);
+        checks.kernel_log.validate("checks.kernel_log", &mut problems);
+        checks.nic.validate("checks.nic", &mut problems);
+        checks.disk.validate("checks.disk", &mut problems);
+        checks.host.validate("checks.host", &mut problems);
+        problems
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_is_a_valid_config() {
+        let config = AgentConfig::parse("").unwrap();
+        assert!(config.validate().is_empty(), "{}", config.validate());
+        assert_eq!(config.listen.port(), 9831);
+        assert_eq!(config.report.interval, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_with_their_name() {
+        let err = AgentConfig::parse("nodee = \"x\"\n").unwrap_err();
+        assert!(err.contains("nodee"), "{err}");
+        let err = AgentConfig::parse("[checks.gpu]\nfrobnicate = 1\n").unwrap_err();
+        assert!(err.contains("frobnicate"), "{err}");
+    }
+
+    #[test]
+    fn every_problem_is_listed_at_once() {
+        let config = AgentConfig::parse(
+            "node = \"a b\"\n[report]\nrepairer = \"ftp://x\"\ninterval = \"0s\"\n",
+        )
+        .unwrap();
+        let problems = config.validate();
+        let fields: Vec<&str> = problems.0.iter().map(|p| p.field.as_str()).collect();
+        assert!(fields.contains(&"node"), "{problems}");
+        assert!(fields.contains(&"report.repairer"), "{problems}");
+        assert!(fields.contains(&"report.interval"), "{problems}");
+    }
+
+    #[test]
+    fn rootfs_joins_absolute_paths() {
+        let paths = HostPaths { rootfs: PathBuf::from("/fx/root"), ..HostPaths::default() };
+        assert_eq!(paths.under_rootfs(Path::new("/scratch")), PathBuf::from("/fx/root/scratch"));
+    }
+}

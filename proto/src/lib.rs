@@ -1,0 +1,368 @@
+//! Wire types shared by the fleetmend agent, repairer and runtime.
+//!
+//! Everything here travels as JSON between processes of possibly different versions, so readers
+//! tolerate fields they do not know (no `deny_unknown_fields` on wire types) and enums that may grow
+//! carry an `Unknown` fallback where a peer could send a newer value.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The version of this wire format; bumped on incompatible changes.
+pub const WIRE_VERSION: u32 = 1;
+
+/// How a subject of a check is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Looked and found nothing wrong.
+    Ok,
+    /// Something is off but the node can keep working.
+    Warn,
+    /// The node should not run work until this is dealt with.
+    Fail,
+    /// Could not look (device absent, library missing, probe timed out).
+    Unknown,
+}
+
+impl Status {
+    /// The value of `fleetmend_check_status`: 0 ok, 1 warn, 2 fail, 3 unknown.
+    pub fn metric_value(self) -> f64 {
+        match self {
+            Status::Ok => 0.0,
+            Status::Warn => 1.0,
+            Status::Fail => 2.0,
+            Status::Unknown => 3.0,
+        }
+    }
+
+    /// Severity order used to pick the worst status of a subject: ok < unknown < warn < fail.
+    pub fn severity(self) -> u8 {
+        match self {
+            Status::Ok => 0,
+            Status::Unknown => 1,
+            Status::Warn => 2,
+            Status::Fail => 3,
+        }
+    }
+
+    /// The worse of two statuses.
+    pub fn worst(self, other: Status) -> Status {
+        if other.severity() > self.severity() { other } else { self }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Warn => "warn",
+            Status::Fail => "fail",
+            Status::Unknown => "unknown",
+        }
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What the agent recommends doing about a finding, from the built-in catalog (Xid catalog, DCGM
+/// rules). The repairer's policy decides; this is advice it may follow or override.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RecommendedAction {
+    /// Nothing to do on the node.
+    None,
+    /// Restart the application that hit the fault; the node is fine.
+    RestartApp,
+    /// Reset the GPU (a node reboot also does it).
+    ResetGpu,
+    /// Reboot the node.
+    Reboot,
+    /// Replace the node (never the first action: follows repeated faults or a failed diagnostic).
+    Replace,
+    /// Take the node out of scheduling and let a person or later rule decide.
+    Drain,
+}
+
+impl RecommendedAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecommendedAction::None => "none",
+            RecommendedAction::RestartApp => "restart-app",
+            RecommendedAction::ResetGpu => "reset-gpu",
+            RecommendedAction::Reboot => "reboot",
+            RecommendedAction::Replace => "replace",
+            RecommendedAction::Drain => "drain",
+        }
+    }
+
+    /// How disruptive the action is; the most disruptive one wins when findings disagree.
+    pub fn weight(self) -> u8 {
+        match self {
+            RecommendedAction::None => 0,
+            RecommendedAction::RestartApp => 1,
+            RecommendedAction::Drain => 2,
+            RecommendedAction::ResetGpu => 3,
+            RecommendedAction::Reboot => 4,
+            RecommendedAction::Replace => 5,
+        }
+    }
+}
+
+impl fmt::Display for RecommendedAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for RecommendedAction {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "none" => RecommendedAction::None,
+            "restart-app" => RecommendedAction::RestartApp,
+            "reset-gpu" => RecommendedAction::ResetGpu,
+            "reboot" => RecommendedAction::Reboot,
+            "replace" => RecommendedAction::Replace,
+            "drain" => RecommendedAction::Drain,
+            other => {
+                return Err(format!(
+                    "unknown action {other:?} (expected none, restart-app, reset-gpu, reboot, replace or drain)"
+                ));
+            }
+        })
+    }
+}
+
+/// One observation of one subject by one check.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Finding {
+    /// The check that made it: `gpu`, `kernel_log`, `nic`, `disk`, `host`.
+    pub check: String,
+    /// What the finding is about, stable and machine-readable: `xid`, `ecc_uncorrected`,
+    /// `gpu_count`, `nic_down`, `disk_full`, ...
+    pub finding: String,
+    /// The thing looked at: a GPU index, an interface, a mount point; empty for the node itself.
+    #[serde(default)]
+    pub subject: String,
+    pub status: Status,
+    /// A short human sentence.
+    #[serde(default)]
+    pub message: String,
+    pub action: RecommendedAction,
+    /// The measured value where there is one (a temperature, a count, a ratio).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<f64>,
+    /// Extra bounded facts (an Xid code, a PCI address, a kernel-log rule).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Finding {
+    /// A finding with no value and no labels; add them with the builder methods.
+    pub fn new(
+        check: &str,
+        finding: &str,
+        subject: impl Into<String>,
+        status: Status,
+        action: RecommendedAction,
+        message: impl Into<String>,
+    ) -> Self {
+        Finding {
+            check: check.to_owned(),
+            finding: finding.to_owned(),
+            subject: subject.into(),
+            status,
+            message: message.into(),
+            action,
+            value: None,
+            labels: BTreeMap::new(),
+        }
+    }
+
+    /// An `ok` finding: looked at `subject` and found nothing wrong.
+    pub fn ok(check: &str, finding: &str, subject: impl Into<String>) -> Self {
+        Finding::new(check, finding, subject, Status::Ok, RecommendedAction::None, "ok")
+    }
+
+    pub fn with_value(mut self, value: f64) -> Self {
+        self.value = Some(value);
+        self
+    }
+
+    pub fn with_label(mut self, key: &str, value: impl Into<String>) -> Self {
+        self.labels.insert(key.to_owned(), value.into());
+        self
+    }
+}
+
+/// The agent's overall view of its node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    /// Every finding is ok (some checks may be unknown: absent devices are not faults).
+    Healthy,
+    /// At least one warning, no failure.
+    Degraded,
+    /// At least one failing finding.
+    Unhealthy,
+}
+
+impl Verdict {
+    /// The verdict over a set of findings.
+    pub fn of<'a>(findings: impl IntoIterator<Item = &'a Finding>) -> Verdict {
+        let mut verdict = Verdict::Healthy;
+        for finding in findings {
+            match finding.status {
+                Status::Fail => return Verdict::Unhealthy,
+                Status::Warn => verdict = Verdict::Degraded,
+                Status::Ok | Status::Unknown => {}
+            }
+        }
+        verdict
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Healthy => "healthy",
+            Verdict::Degraded => "degraded",
+            Verdict::Unhealthy => "unhealthy",
+        }
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How one check's latest run went.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckRun {
+    pub check: String,
+    /// Worst status over the check's findings.
+    pub status: Status,
+    /// Wall time of the run in seconds (the timeout where it timed out).
+    pub duration_seconds: f64,
+    /// The run did not finish within the check's timeout.
+    #[serde(default)]
+    pub timed_out: bool,
+    /// Unix time in milliseconds when the run finished (or timed out).
+    pub finished_at_ms: u64,
+}
+
+/// `POST /v1/reports`: what an agent knows about its node now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub wire_version: u32,
+    pub node: String,
+    /// `/proc/sys/kernel/random/boot_id`: changes on every boot, so the repairer can tell a reboot
+    /// happened.
+    pub boot_id: String,
+    pub agent_version: String,
+    /// Increases by one with every report this agent process sends; restarts at 1 with the process.
+    pub seq: u64,
+    /// Unix time in milliseconds when the report was built.
+    pub sent_at_ms: u64,
+    /// Why this report was sent now.
+    pub trigger: ReportTrigger,
+    pub verdict: Verdict,
+    pub checks: Vec<CheckRun>,
+    /// Every current finding, ok ones included, so the receiver can clear what has cleared.
+    pub findings: Vec<Finding>,
+}
+
+/// Why a report was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReportTrigger {
+    /// The regular heartbeat.
+    Interval,
+    /// A fault seen in an event stream (kernel log, GPU events) pushed at once.
+    Event,
+    /// The first report of this agent process.
+    Startup,
+}
+
+/// The repairer's answer to a report. Open for growth: commands for the node travel here, and an
+/// agent that does not know a command's kind logs it and goes on.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReportReply {
+    /// Commands for the node, in order.
+    #[serde(default)]
+    pub commands: Vec<NodeCommand>,
+}
+
+/// One command for a node, as sent by the repairer: a `kind` and its arguments.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeCommand {
+    /// Identifies the command so the node does not run it twice.
+    #[serde(default)]
+    pub id: String,
+    pub kind: String,
+    #[serde(flatten)]
+    pub args: BTreeMap<String, serde_json::Value>,
+}
+
+/// `GET /v1/health` on the agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HealthView {
+    pub node: String,
+    pub boot_id: String,
+    pub agent_version: String,
+    pub verdict: Verdict,
+    pub checks: Vec<CheckRun>,
+    pub findings: Vec<Finding>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdict_is_the_worst_finding() {
+        let ok = Finding::ok("gpu", "gpu", "0");
+        let mut warn = ok.clone();
+        warn.status = Status::Warn;
+        let mut fail = ok.clone();
+        fail.status = Status::Fail;
+        let mut unknown = ok.clone();
+        unknown.status = Status::Unknown;
+        assert_eq!(Verdict::of([&ok, &unknown]), Verdict::Healthy);
+        assert_eq!(Verdict::of([&ok, &warn]), Verdict::Degraded);
+        assert_eq!(Verdict::of([&warn, &fail, &ok]), Verdict::Unhealthy);
+    }
+
+    #[test]
+    fn reply_tolerates_unknown_commands_and_fields() {
+        let reply: ReportReply = serde_json::from_str(
+            r#"{"commands":[{"id":"c1","kind":"future-thing","x":1}],"later_field":true}"#,
+        )
+        .unwrap();
+        assert_eq!(reply.commands[0].kind, "future-thing");
+        assert_eq!(reply.commands[0].args["x"], 1);
+        let empty: ReportReply = serde_json::from_str("{}").unwrap();
+        assert!(empty.commands.is_empty());
+    }
+
+    #[test]
+    fn actions_round_trip_as_kebab_case() {
+        for action in [
+            RecommendedAction::None,
+            RecommendedAction::RestartApp,
+            RecommendedAction::ResetGpu,
+            RecommendedAction::Reboot,
+            RecommendedAction::Replace,
+            RecommendedAction::Drain,
+        ] {
+            let json = serde_json::to_string(&action).unwrap();
+            assert_eq!(json, format!("\"{}\"", action.as_str()));
+            assert_eq!(action.as_str().parse::<RecommendedAction>().unwrap(), action);
+        }
+    }
+}
