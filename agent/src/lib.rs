@@ -3,5 +3,6 @@
 
 pub mod checks;
 pub mod config;
+pub mod gpu;
 pub mod metrics;
 pub mod xid;

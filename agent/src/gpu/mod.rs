@@ -1,0 +1,1 @@
+//! GPU backends: NVML and a JSON fixture (placeholder until implemented).
