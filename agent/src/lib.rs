@@ -3,6 +3,11 @@
 
 pub mod checks;
 pub mod config;
+pub mod daemon;
 pub mod gpu;
 pub mod metrics;
+pub mod node;
+pub mod report;
+pub mod runner;
+pub mod server;
 pub mod xid;

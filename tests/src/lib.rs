@@ -1,1 +1,209 @@
+//! Helpers for fleetmend's system tests: the real binary, started as a real process, against fixture
+//! trees and real components.
 
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_owned).unwrap_or_default()
+}
+
+/// A fixture case of the agent (`agent/tests/fixtures/<case>`).
+pub fn fixture(case: &str) -> PathBuf {
+    workspace_root().join("agent/tests/fixtures").join(case)
+}
+
+/// The `fleetmend` binary: `$FLEETMEND_BIN`, else the one cargo built next to this test.
+///
+/// The test command builds it first (`cargo build --bin fleetmend`); a missing binary is a clear
+/// failure, not a skip.
+pub fn fleetmend_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("FLEETMEND_BIN") {
+        return PathBuf::from(path);
+    }
+    // target/<profile>/deps/<test binary> → target/<profile>/fleetmend
+    let exe = std::env::current_exe().unwrap_or_default();
+    let profile_dir = exe.parent().and_then(Path::parent).map(Path::to_owned).unwrap_or_default();
+    let bin = profile_dir.join("fleetmend");
+    assert!(
+        bin.exists(),
+        "{} does not exist: build it first with `cargo build --bin fleetmend` (same profile) or set FLEETMEND_BIN",
+        bin.display()
+    );
+    bin
+}
+
+/// A free TCP port on 127.0.0.1 (bound then released; fine for tests that start a server on it at
+/// once).
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    listener.local_addr().expect("local address").port()
+}
+
+/// Polls `condition` every 20 ms until it holds or `timeout` passes; returns whether it held.
+pub fn poll_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if condition() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A child process killed (and reaped) when dropped.
+#[derive(Debug)]
+pub struct Running {
+    pub child: Child,
+    pub stderr_path: PathBuf,
+}
+
+impl Running {
+    /// What the process wrote to stderr so far (for failure messages).
+    pub fn stderr(&self) -> String {
+        let mut text = String::new();
+        if let Ok(mut file) = std::fs::File::open(&self.stderr_path) {
+            let _ = file.read_to_string(&mut text);
+        }
+        text
+    }
+
+    /// Sends SIGTERM and waits up to `timeout` for the exit status.
+    pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `fleetmend agent ARGS` listening on `listen`, stderr to a file in `dir`, and waits until
+/// `/healthz` answers.
+pub fn start_agent(dir: &Path, listen: SocketAddr, args: &[&str]) -> Running {
+    let stderr_path = dir.join(format!("agent-{}.stderr", listen.port()));
+    let stderr = std::fs::File::create(&stderr_path).expect("create stderr file");
+    let child = Command::new(fleetmend_bin())
+        .arg("agent")
+        .arg("--listen")
+        .arg(listen.to_string())
+        .args(args)
+        .env("FLEETMEND_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("spawn fleetmend agent");
+    let mut running = Running { child, stderr_path };
+    let up = poll_until(Duration::from_secs(20), || {
+        if let Ok(Some(status)) = running.child.try_wait() {
+            panic!("agent exited early ({status}):\n{}", running.stderr());
+        }
+        http_get(listen, "/healthz").is_some_and(|(status, _)| status == 200)
+    });
+    assert!(up, "agent did not answer /healthz within 20 s:\n{}", running.stderr());
+    running
+}
+
+/// The healthy fixture's host-path flags.
+pub fn fixture_flags(case_dir: &Path) -> Vec<String> {
+    vec![
+        format!("--path.sysfs={}", case_dir.join("sys").display()),
+        format!("--path.procfs={}", case_dir.join("proc").display()),
+        format!("--path.rootfs={}", case_dir.join("root").display()),
+        format!("--kmsg={}", case_dir.join("kmsg").display()),
+        format!("--gpu=fixture:{}", case_dir.join("gpu.json").display()),
+    ]
+}
+
+/// A minimal blocking HTTP/1.1 GET (no client library needed in the tests): status and body.
+pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).ok()?;
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    Some((status, body))
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(size) = usize::from_str_radix(size.trim(), 16) else { break };
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = rest[size..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Runs a command to completion with a timeout; panics with its output when it cannot be run or
+/// outlives `timeout`. Output is drained on threads so a chatty child never blocks on a full pipe.
+pub fn run_with_timeout(command: &mut Command, timeout: Duration) -> Output {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|err| panic!("spawn {command:?}: {err}"));
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{command:?} did not finish within {timeout:?}\nstderr: {}",
+                String::from_utf8_lossy(&stderr.join().unwrap_or_default())
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    }
+}

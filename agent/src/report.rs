@@ -1,0 +1,190 @@
+//! Reports to the repairer: `POST {repairer}/v1/reports` on every interval and at once when a check
+//! asks for it (a kernel-log fault, a changed problem).
+//!
+//! While the repairer is away the reporter retries with capped exponential backoff and jitter, and
+//! every retry carries the newest state: nothing queues up, so a long outage costs memory for one
+//! report, not one per interval.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use fleetmend_proto::{Finding, Report, ReportReply, ReportTrigger, Verdict, WIRE_VERSION};
+
+use crate::config::ReportConfig;
+use crate::runner::{AgentState, unix_millis};
+
+/// Sending one report failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("building the HTTP client: {0}")]
+    Client(#[source] reqwest::Error),
+    #[error("reading the report token from {path}: {source}")]
+    Token { path: std::path::PathBuf, source: std::io::Error },
+    #[error("sending the report to {url}: {source}")]
+    Send { url: String, source: reqwest::Error },
+    #[error("the repairer at {url} refused the report: HTTP {status}: {body}")]
+    Refused { url: String, status: u16, body: String },
+}
+
+/// Sends reports to one repairer.
+#[derive(Debug)]
+pub struct Reporter {
+    client: reqwest::Client,
+    url: String,
+    token: Option<String>,
+    config: ReportConfig,
+}
+
+impl Reporter {
+    /// A reporter for `config`, or `None` when no repairer is configured.
+    pub fn new(config: &ReportConfig) -> Result<Option<Reporter>, ReportError> {
+        let Some(base) = &config.repairer else {
+            return Ok(None);
+        };
+        let token = match (&config.token, &config.token_file) {
+            (Some(token), _) => Some(token.clone()),
+            (None, Some(path)) => Some(
+                std::fs::read_to_string(path)
+                    .map_err(|source| ReportError::Token { path: path.clone(), source })?
+                    .trim()
+                    .to_owned(),
+            ),
+            (None, None) => None,
+        };
+        // reqwest is built without a bundled crypto provider; install ring once per process. A
+        // second install fails harmlessly when another component did it first.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = reqwest::Client::builder()
+            .timeout(config.timeout)
+            .connect_timeout(config.timeout)
+            .user_agent(concat!("fleetmend-agent/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(ReportError::Client)?;
+        Ok(Some(Reporter {
+            client,
+            url: format!("{}/v1/reports", base.trim_end_matches('/')),
+            token,
+            config: config.clone(),
+        }))
+    }
+
+    /// Sends one report and returns the repairer's reply.
+    pub async fn send(&self, report: &Report) -> Result<ReportReply, ReportError> {
+        let mut request = self.client.post(&self.url).json(report);
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let url = || self.url.clone();
+        let response =
+            request.send().await.map_err(|source| ReportError::Send { url: url(), source })?;
+        let status = response.status();
+        let body =
+            response.bytes().await.map_err(|source| ReportError::Send { url: url(), source })?;
+        if !status.is_success() {
+            let body = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
+            return Err(ReportError::Refused { url: url(), status: status.as_u16(), body });
+        }
+        // An empty or unreadable reply still means the report arrived; there is just nothing to do.
+        if body.is_empty() {
+            return Ok(ReportReply::default());
+        }
+        Ok(serde_json::from_slice(&body).unwrap_or_else(|err| {
+            tracing::warn!(error = %err, "the repairer's reply is not a report reply; ignoring it");
+            ReportReply::default()
+        }))
+    }
+
+    /// The delay before retry number `failures` (1-based): doubling from `backoff_initial` up to
+    /// `backoff_max`, with "equal jitter" (half fixed, half random) so a fleet that lost its
+    /// repairer at the same moment does not come back in lockstep.
+    pub fn backoff(&self, failures: u32) -> Duration {
+        backoff(self.config.backoff_initial, self.config.backoff_max, failures)
+    }
+
+    /// Reports until the process ends: a startup report, then one every interval, at once on a
+    /// request, and with backoff while the repairer is away.
+    pub async fn run(self, state: Arc<AgentState>) {
+        let mut seq = 0u64;
+        let mut failures = 0u32;
+        let mut trigger = ReportTrigger::Startup;
+        loop {
+            seq += 1;
+            let report = build_report(&state, seq, trigger);
+            match self.send(&report).await {
+                Ok(reply) => {
+                    if failures > 0 {
+                        tracing::info!(after_failures = failures, "the repairer is back");
+                    }
+                    failures = 0;
+                    state.note_report(true);
+                    for command in reply.commands {
+                        tracing::warn!(
+                            kind = %command.kind,
+                            id = %command.id,
+                            "this agent does not support the command; ignoring it"
+                        );
+                    }
+                }
+                Err(err) => {
+                    failures = failures.saturating_add(1);
+                    state.note_report(false);
+                    tracing::warn!(error = %err, failures, "report not delivered");
+                }
+            }
+            trigger = if failures == 0 {
+                tokio::select! {
+                    _ = tokio::time::sleep(self.config.interval) => ReportTrigger::Interval,
+                    _ = state.report_requested() => ReportTrigger::Event,
+                }
+            } else {
+                tokio::time::sleep(self.backoff(failures)).await;
+                ReportTrigger::Interval
+            };
+        }
+    }
+}
+
+/// A report of the agent's newest state.
+pub fn build_report(state: &AgentState, seq: u64, trigger: ReportTrigger) -> Report {
+    let results = state.results();
+    let findings: Vec<Finding> =
+        results.iter().flat_map(|r| r.observation.findings.iter().cloned()).collect();
+    Report {
+        wire_version: WIRE_VERSION,
+        node: state.identity.node.clone(),
+        boot_id: state.identity.boot_id.clone(),
+        agent_version: state.identity.agent_version.clone(),
+        seq,
+        sent_at_ms: unix_millis(SystemTime::now()),
+        trigger,
+        verdict: Verdict::of(&findings),
+        checks: results.iter().map(|r| r.summary()).collect(),
+        findings,
+    }
+}
+
+fn backoff(initial: Duration, max: Duration, failures: u32) -> Duration {
+    let exponent = failures.saturating_sub(1).min(20);
+    let capped = initial.saturating_mul(1u32 << exponent).min(max);
+    let half = capped / 2;
+    half + half.mul_f64(fastrand::f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap_with_jitter() {
+        let initial = Duration::from_millis(100);
+        let max = Duration::from_secs(2);
+        for _ in 0..100 {
+            let first = backoff(initial, max, 1);
+            assert!(first >= Duration::from_millis(50) && first <= initial, "{first:?}");
+            let third = backoff(initial, max, 3);
+            assert!(third >= Duration::from_millis(200) && third <= Duration::from_millis(400));
+            let late = backoff(initial, max, 50);
+            assert!(late >= Duration::from_secs(1) && late <= max, "{late:?}");
+        }
+    }
+}
