@@ -1,0 +1,460 @@
+//! The gpu check against fixture cases under `tests/fixtures/`: each case is a node whose GPU state
+//! is a `gpu.json` snapshot (and `proc/` where the case needs an uptime). Tests that change what
+//! the node shows copy the snapshot to a temporary directory and rewrite it between runs, as a
+//! simulated node does.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use fleetmend_agent::checks::gpu::{GpuCheck, GpuConfig};
+use fleetmend_agent::checks::{BuildContext, Check, EventSignal, Mode, Observation, RunContext};
+use fleetmend_agent::config::HostPaths;
+use fleetmend_agent::gpu::{GpuBackendSpec, GpuSnapshot, dump_snapshot, parse_backend};
+use fleetmend_agent::metrics;
+use fleetmend_proto::{Finding, RecommendedAction, Status};
+
+fn case(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+fn paths(dir: &Path) -> HostPaths {
+    HostPaths {
+        sysfs: dir.join("sys"),
+        procfs: dir.join("proc"),
+        rootfs: dir.join("root"),
+        kmsg: dir.join("kmsg"),
+    }
+}
+
+/// The config of an 8-GPU node reading `dir/gpu.json`.
+fn config(dir: &Path) -> GpuConfig {
+    GpuConfig {
+        backend: GpuBackendSpec::Fixture(dir.join("gpu.json")),
+        expected_count: Some(8),
+        ..GpuConfig::default()
+    }
+}
+
+/// A check and the host it looks at; `now` moves only when a test moves it.
+struct Node {
+    check: GpuCheck,
+    paths: HostPaths,
+    now: SystemTime,
+}
+
+impl Node {
+    fn new(config: &GpuConfig, dir: &Path) -> Node {
+        let paths = paths(dir);
+        let check = GpuCheck::new(
+            config,
+            BuildContext {
+                paths: &paths,
+                node: "gpu-node-01",
+                mode: Mode::Once,
+                events: EventSignal::default(),
+            },
+        );
+        Node { check, paths, now: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000) }
+    }
+
+    fn run(&mut self) -> Observation {
+        let ctx = RunContext {
+            paths: &self.paths,
+            now: self.now,
+            deadline: Instant::now() + Duration::from_secs(5),
+        };
+        self.check.run(&ctx)
+    }
+
+    fn run_after(&mut self, elapsed: Duration) -> Observation {
+        self.now += elapsed;
+        self.run()
+    }
+}
+
+fn find<'a>(out: &'a Observation, id: &str, subject: &str) -> &'a Finding {
+    out.findings
+        .iter()
+        .find(|f| f.finding == id && f.subject == subject)
+        .unwrap_or_else(|| panic!("no {id} finding for GPU {subject:?} in {:#?}", out.findings))
+}
+
+fn status_action(finding: &Finding) -> (Status, RecommendedAction) {
+    (finding.status, finding.action)
+}
+
+fn not_ok(out: &Observation) -> Vec<&Finding> {
+    out.findings.iter().filter(|f| f.status != Status::Ok).collect()
+}
+
+/// A copy of a case's `gpu.json` in a temporary directory, to rewrite between runs.
+fn scratch_copy(name: &str) -> (tempfile::TempDir, GpuSnapshot) {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(case(name).join("gpu.json")).unwrap();
+    std::fs::write(dir.path().join("gpu.json"), &text).unwrap();
+    (dir, serde_json::from_str(&text).unwrap())
+}
+
+fn rewrite(dir: &Path, snapshot: &GpuSnapshot) {
+    // Write then rename, as a simulated node should, so a run never reads half a file.
+    let tmp = dir.join("gpu.json.tmp");
+    std::fs::write(&tmp, serde_json::to_string_pretty(snapshot).unwrap()).unwrap();
+    std::fs::rename(tmp, dir.join("gpu.json")).unwrap();
+}
+
+const PER_GPU_FINDINGS: [&str; 11] = [
+    "gpu_access",
+    "temperature",
+    "throttle",
+    "persistence_mode",
+    "ecc_uncorrected",
+    "row_remap",
+    "pcie_replays",
+    "nvlink_down",
+    "nvlink_errors",
+    "recovery_action",
+    "xid",
+];
+
+#[test]
+fn healthy_node_reports_every_finding_ok() {
+    let dir = case("healthy");
+    let mut node = Node::new(&config(&dir), &dir);
+    // The second run has rates to judge as well.
+    for out in [node.run(), node.run_after(Duration::from_secs(10))] {
+        assert!(not_ok(&out).is_empty(), "{:#?}", not_ok(&out));
+        let count = find(&out, "gpu_count", "");
+        assert_eq!(count.value, Some(8.0));
+        assert_eq!(find(&out, "gpu_backend", "").status, Status::Ok);
+        for gpu in 0..8 {
+            for id in PER_GPU_FINDINGS {
+                find(&out, id, &gpu.to_string());
+            }
+        }
+        assert_eq!(find(&out, "nvlink_down", "7").message, "all 18 NVLink links active");
+        assert_eq!(find(&out, "xid", "0").labels["pci"], "00000000:18:00.0");
+    }
+
+    let out = node.run();
+    let links_up = out
+        .samples
+        .iter()
+        .filter(|s| s.desc.name == metrics::GPU_NVLINK_UP.name && s.value == 1.0)
+        .count();
+    assert_eq!(links_up, 8 * 18);
+    let text = metrics::encode(&out.samples);
+    for line in [
+        "fleetmend_gpu_count 8",
+        "fleetmend_gpu_expected_count 8",
+        "fleetmend_gpu_memory_total_bytes{gpu=\"0\"} 85520809984",
+        "fleetmend_gpu_temperature_celsius{gpu=\"3\"} 43",
+        "fleetmend_gpu_clock_hertz{gpu=\"0\",clock=\"memory\"} 2619000000",
+        "fleetmend_gpu_ecc_errors_total{gpu=\"7\",kind=\"aggregate_uncorrected\"} 0",
+        "fleetmend_gpu_throttle_active{gpu=\"1\",reason=\"gpu_idle\"} 1",
+        "fleetmend_gpu_persistence_mode{gpu=\"5\"} 1",
+        "fleetmend_gpu_remapped_rows_failure{gpu=\"2\"} 0",
+    ] {
+        assert!(text.contains(line), "{line} missing from\n{text}");
+    }
+    assert!(!text.contains("fleetmend_gpu_xid_errors_total{"), "no Xid seen: {text}");
+}
+
+#[test]
+fn xid_79_fails_the_gpu_and_asks_for_a_reboot() {
+    let dir = case("gpu_xid79");
+    let mut node = Node::new(&config(&dir), &dir);
+    let out = node.run();
+    let xid = find(&out, "xid", "3");
+    assert_eq!(status_action(xid), (Status::Fail, RecommendedAction::Reboot));
+    assert_eq!(xid.labels["xid"], "79");
+    assert_eq!(xid.labels["pci"], "00000000:5d:00.0");
+    assert_eq!(xid.value, Some(79.0));
+    let access = find(&out, "gpu_access", "3");
+    assert_eq!(status_action(access), (Status::Fail, RecommendedAction::Reboot));
+    assert!(access.message.contains("lost"), "{}", access.message);
+    // The other seven are fine, and the count still sees 8 (the lost GPU is enumerated).
+    assert_eq!(find(&out, "xid", "2").status, Status::Ok);
+    assert_eq!(find(&out, "gpu_count", "").status, Status::Ok);
+    let failing: Vec<&str> = not_ok(&out).iter().map(|f| f.finding.as_str()).collect();
+    assert_eq!(failing, ["gpu_access", "xid"]);
+    let text = metrics::encode(&out.samples);
+    assert!(text.contains("fleetmend_gpu_xid_errors_total{gpu=\"3\",xid=\"79\"} 1"), "{text}");
+}
+
+#[test]
+fn xid_48_with_a_double_bit_error_asks_for_a_gpu_reset() {
+    let dir = case("gpu_xid48_dbe");
+    let mut node = Node::new(&config(&dir), &dir);
+    let out = node.run();
+    let xid = find(&out, "xid", "5");
+    assert_eq!(status_action(xid), (Status::Fail, RecommendedAction::ResetGpu));
+    assert_eq!(xid.labels["xid"], "48");
+    let ecc = find(&out, "ecc_uncorrected", "5");
+    assert_eq!(status_action(ecc), (Status::Fail, RecommendedAction::ResetGpu));
+    assert_eq!(ecc.value, Some(1.0));
+    assert_eq!(ecc.labels["pci"], "00000000:ab:00.0");
+    let remap = find(&out, "row_remap", "5");
+    assert_eq!(status_action(remap), (Status::Fail, RecommendedAction::ResetGpu));
+    let recovery = find(&out, "recovery_action", "5");
+    assert_eq!(status_action(recovery), (Status::Fail, RecommendedAction::ResetGpu));
+    // Only GPU 5 is affected.
+    assert!(not_ok(&out).iter().all(|f| f.subject == "5"), "{:#?}", not_ok(&out));
+    let text = metrics::encode(&out.samples);
+    assert!(
+        text.contains("fleetmend_gpu_ecc_errors_total{gpu=\"5\",kind=\"volatile_uncorrected\"} 1"),
+        "{text}"
+    );
+}
+
+#[test]
+fn row_remap_failure_asks_for_replacement() {
+    let dir = case("gpu_row_remap_failure");
+    let mut node = Node::new(&config(&dir), &dir);
+    let out = node.run();
+    let remap = find(&out, "row_remap", "2");
+    assert_eq!(status_action(remap), (Status::Fail, RecommendedAction::Replace));
+    assert!(remap.message.contains("no spare rows"), "{}", remap.message);
+    assert_eq!(find(&out, "row_remap", "1").status, Status::Ok);
+    // The old uncorrectable errors alone (aggregate) do not ask for a reset.
+    assert_eq!(find(&out, "ecc_uncorrected", "2").status, Status::Ok);
+    assert_eq!(not_ok(&out).len(), 1, "{:#?}", not_ok(&out));
+}
+
+#[test]
+fn missing_gpu_warns_first_then_fails_after_the_debounce() {
+    let dir = case("gpu_missing"); // proc/uptime: up two hours, past the boot grace
+    let mut node = Node::new(&config(&dir), &dir);
+    for run in 1..=3 {
+        let out = node.run_after(Duration::from_secs(10));
+        let count = find(&out, "gpu_count", "");
+        assert_eq!(count.value, Some(7.0));
+        if run < 3 {
+            assert_eq!(status_action(count), (Status::Warn, RecommendedAction::None), "run {run}");
+        } else {
+            assert_eq!(
+                status_action(count),
+                (Status::Fail, RecommendedAction::Reboot),
+                "run {run}"
+            );
+            assert!(count.message.contains("7 of 8"), "{}", count.message);
+        }
+    }
+}
+
+#[test]
+fn missing_gpu_within_the_boot_grace_only_warns() {
+    let (dir, snapshot) = scratch_copy("gpu_missing");
+    std::fs::create_dir_all(dir.path().join("proc")).unwrap();
+    std::fs::write(dir.path().join("proc/uptime"), "95.20 700.10\n").unwrap();
+    let mut node = Node::new(&config(dir.path()), dir.path());
+    for _ in 0..5 {
+        let out = node.run_after(Duration::from_secs(10));
+        assert_eq!(
+            status_action(find(&out, "gpu_count", "")),
+            (Status::Warn, RecommendedAction::None)
+        );
+    }
+    // Past the grace, the runs already counted are enough.
+    std::fs::write(dir.path().join("proc/uptime"), "601.00 4000.00\n").unwrap();
+    let out = node.run_after(Duration::from_secs(10));
+    assert_eq!(
+        status_action(find(&out, "gpu_count", "")),
+        (Status::Fail, RecommendedAction::Reboot)
+    );
+    // The GPU shows up again: the count clears.
+    let mut full = snapshot.clone();
+    let mut eighth = full.gpus[6].clone();
+    eighth.index = 7;
+    eighth.pci_bus_id = Some("00000000:db:00.0".into());
+    full.gpus.push(eighth);
+    rewrite(dir.path(), &full);
+    let out = node.run_after(Duration::from_secs(10));
+    assert_eq!(find(&out, "gpu_count", "").status, Status::Ok);
+}
+
+#[test]
+fn nvlink_down_and_nvlink_errors() {
+    let dir = case("gpu_nvlink_errors");
+    let mut node = Node::new(&config(&dir), &dir);
+    let out = node.run();
+    let down = find(&out, "nvlink_down", "1");
+    assert_eq!(status_action(down), (Status::Fail, RecommendedAction::ResetGpu));
+    assert_eq!(down.labels["links"], "7");
+    assert_eq!(down.value, Some(1.0));
+    let errors = find(&out, "nvlink_errors", "6");
+    assert_eq!(status_action(errors), (Status::Warn, RecommendedAction::None));
+    assert_eq!(errors.labels["links"], "11");
+    assert!(errors.message.contains("recovery"), "{}", errors.message);
+    assert_eq!(find(&out, "nvlink_errors", "1").status, Status::Ok);
+    assert_eq!(find(&out, "nvlink_down", "6").status, Status::Ok);
+    let mut failing: Vec<(&str, &str)> =
+        not_ok(&out).iter().map(|f| (f.finding.as_str(), f.subject.as_str())).collect();
+    failing.sort();
+    assert_eq!(failing, [("nvlink_down", "1"), ("nvlink_errors", "6")]);
+    let text = metrics::encode(&out.samples);
+    assert!(text.contains("fleetmend_gpu_nvlink_up{gpu=\"1\",link=\"7\"} 0"), "{text}");
+    assert!(
+        text.contains(
+            "fleetmend_gpu_nvlink_errors_total{gpu=\"6\",link=\"11\",kind=\"recovery\"} 3"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn nvlink_crc_burst_warns_and_clears() {
+    let (dir, mut snapshot) = scratch_copy("healthy");
+    let mut node = Node::new(&config(dir.path()), dir.path());
+    assert!(not_ok(&node.run()).is_empty());
+    // 5000 CRC errors on GPU 0 link 2 within 10 s: 500/s, above 100/s.
+    snapshot.gpus[0].nvlinks[2].crc_flit = Some(5000);
+    rewrite(dir.path(), &snapshot);
+    let out = node.run_after(Duration::from_secs(10));
+    let errors = find(&out, "nvlink_errors", "0");
+    assert_eq!(status_action(errors), (Status::Warn, RecommendedAction::None));
+    assert_eq!(errors.labels["links"], "2");
+    assert_eq!(errors.value, Some(500.0));
+    // No new errors in the next interval: the rate is zero again.
+    let out = node.run_after(Duration::from_secs(10));
+    assert_eq!(find(&out, "nvlink_errors", "0").status, Status::Ok);
+}
+
+#[test]
+fn xid_appears_on_rewrite_and_clears_after_the_window() {
+    let (dir, mut snapshot) = scratch_copy("healthy");
+    let mut config = config(dir.path());
+    config.xid_window = Duration::from_secs(600);
+    let mut node = Node::new(&config, dir.path());
+    assert_eq!(find(&node.run(), "xid", "4").status, Status::Ok);
+
+    snapshot.gpus[4].xid_counts.insert(79, 1);
+    rewrite(dir.path(), &snapshot);
+    let out = node.run_after(Duration::from_secs(10));
+    assert_eq!(status_action(find(&out, "xid", "4")), (Status::Fail, RecommendedAction::Reboot));
+
+    let out = node.run_after(Duration::from_secs(590));
+    assert_eq!(find(&out, "xid", "4").status, Status::Fail, "still within the window");
+    let out = node.run_after(Duration::from_secs(10));
+    let xid = find(&out, "xid", "4");
+    assert_eq!(status_action(xid), (Status::Ok, RecommendedAction::None));
+    assert_eq!(xid.labels["xid"], "79", "the cleared finding names the code it clears");
+
+    snapshot.gpus[4].xid_counts.insert(79, 2);
+    rewrite(dir.path(), &snapshot);
+    let out = node.run_after(Duration::from_secs(10));
+    assert_eq!(find(&out, "xid", "4").status, Status::Fail, "a new occurrence");
+}
+
+#[test]
+fn xid_actions_in_config_override_the_catalog() {
+    let dir = case("gpu_xid79");
+    let mut config = config(&dir);
+    config.xid_actions.insert("79".into(), RecommendedAction::Replace);
+    let mut node = Node::new(&config, &dir);
+    let out = node.run();
+    assert_eq!(status_action(find(&out, "xid", "3")), (Status::Fail, RecommendedAction::Replace));
+}
+
+#[test]
+fn malformed_fixture_is_unknown_not_a_panic() {
+    let dir = case("gpu_malformed");
+    let mut node = Node::new(&config(&dir), &dir);
+    let out = node.run();
+    assert_eq!(out.findings.len(), 1, "{:#?}", out.findings);
+    let backend = find(&out, "gpu_backend", "");
+    assert_eq!(status_action(backend), (Status::Unknown, RecommendedAction::None));
+    assert!(backend.message.starts_with("parsing GPU fixture"), "{}", backend.message);
+    assert!(backend.message.contains("gpu_malformed/gpu.json"), "{}", backend.message);
+}
+
+#[test]
+fn wrong_types_and_a_missing_file_are_unknown_and_recover() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = Node::new(&config(dir.path()), dir.path());
+
+    let out = node.run();
+    let backend = find(&out, "gpu_backend", "");
+    assert_eq!(backend.status, Status::Unknown);
+    assert!(backend.message.starts_with("reading GPU fixture"), "{}", backend.message);
+    assert!(backend.message.contains("No such file"), "{}", backend.message);
+
+    std::fs::write(
+        dir.path().join("gpu.json"),
+        r#"{"gpus":[{"index":0,"temperature_celsius":"hot"}]}"#,
+    )
+    .unwrap();
+    let out = node.run();
+    let backend = find(&out, "gpu_backend", "");
+    assert_eq!(backend.status, Status::Unknown);
+    assert!(backend.message.contains("invalid type"), "{}", backend.message);
+
+    std::fs::write(dir.path().join("gpu.json"), "[1, 2, 3]").unwrap();
+    assert_eq!(find(&node.run(), "gpu_backend", "").status, Status::Unknown);
+
+    // Fixed: read on the next run.
+    std::fs::copy(case("healthy").join("gpu.json"), dir.path().join("gpu.json")).unwrap();
+    let out = node.run();
+    assert!(not_ok(&out).is_empty(), "{:#?}", not_ok(&out));
+}
+
+#[test]
+fn nvml_library_missing_is_unknown_nvml_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = GpuConfig {
+        backend: parse_backend("nvml:/nonexistent/libnvidia-ml.so.1").unwrap(),
+        expected_count: Some(8),
+        ..GpuConfig::default()
+    };
+    let mut node = Node::new(&config, dir.path());
+    for _ in 0..2 {
+        // Init is retried on every run and fails the same way each time.
+        let out = node.run_after(Duration::from_secs(10));
+        assert_eq!(out.findings.len(), 1, "{:#?}", out.findings);
+        let backend = find(&out, "gpu_backend", "");
+        assert_eq!(status_action(backend), (Status::Unknown, RecommendedAction::None));
+        assert!(backend.message.starts_with("NVML unavailable"), "{}", backend.message);
+    }
+}
+
+#[test]
+fn default_nvml_backend_never_crashes() {
+    // On a machine without the NVIDIA driver (CI, this one) this is "NVML unavailable"; on a GPU
+    // machine the backend must read GPUs and report them.
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = Node::new(&GpuConfig::default(), dir.path());
+    let out = node.run();
+    let backend = find(&out, "gpu_backend", "");
+    match backend.status {
+        Status::Unknown => {
+            assert!(backend.message.starts_with("NVML unavailable"), "{}", backend.message)
+        }
+        Status::Ok => assert!(find(&out, "gpu_count", "").value.is_some()),
+        other => panic!("unexpected {other}: {}", backend.message),
+    }
+}
+
+#[test]
+fn none_backend_reports_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = GpuConfig { backend: parse_backend("none").unwrap(), ..GpuConfig::default() };
+    let mut node = Node::new(&config, dir.path());
+    assert_eq!(node.run(), Observation::default());
+}
+
+#[test]
+fn dump_snapshot_writes_the_fixture_format() {
+    let spec =
+        parse_backend(&format!("fixture:{}", case("healthy").join("gpu.json").display())).unwrap();
+    let text = dump_snapshot(&spec).unwrap();
+    let dumped: GpuSnapshot = serde_json::from_str(&text).unwrap();
+    let original: GpuSnapshot =
+        serde_json::from_str(&std::fs::read_to_string(case("healthy").join("gpu.json")).unwrap())
+            .unwrap();
+    assert_eq!(dumped, original);
+    assert!(dump_snapshot(&GpuBackendSpec::None).is_err());
+    let err =
+        dump_snapshot(&parse_backend("nvml:/nonexistent/libnvidia-ml.so.1").unwrap()).unwrap_err();
+    assert!(err.to_string().starts_with("NVML unavailable"), "{err}");
+}
