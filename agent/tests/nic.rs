@@ -1,0 +1,319 @@
+//! The nic check against fixture sysfs trees (and, lightly, this machine's real /sys).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use fleetmend_agent::checks::nic::{NicCheck, NicConfig};
+use fleetmend_agent::checks::{BuildContext, Check, EventSignal, Mode, Observation, RunContext};
+use fleetmend_agent::config::HostPaths;
+use fleetmend_agent::metrics;
+use fleetmend_proto::{Finding, RecommendedAction, Status};
+
+fn fixture(case: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(case)
+}
+
+fn paths_of(dir: &Path) -> HostPaths {
+    HostPaths {
+        sysfs: dir.join("sys"),
+        procfs: dir.join("proc"),
+        rootfs: dir.join("root"),
+        kmsg: dir.join("kmsg"),
+    }
+}
+
+fn build(config: &NicConfig, paths: &HostPaths) -> NicCheck {
+    let ctx =
+        BuildContext { paths, node: "node-1", mode: Mode::Daemon, events: EventSignal::default() };
+    NicCheck::new(config, ctx)
+}
+
+fn run_at(check: &mut NicCheck, paths: &HostPaths, now: SystemTime) -> Observation {
+    check.run(&RunContext { paths, now, deadline: Instant::now() + Duration::from_secs(5) })
+}
+
+fn once(case: &str, config: &NicConfig) -> Observation {
+    let paths = paths_of(&fixture(case));
+    run_at(&mut build(config, &paths), &paths, SystemTime::now())
+}
+
+fn not_ok(obs: &Observation) -> Vec<&Finding> {
+    obs.findings.iter().filter(|f| f.status != Status::Ok).collect()
+}
+
+fn find<'a>(obs: &'a Observation, finding: &str, subject: &str) -> &'a Finding {
+    obs.findings
+        .iter()
+        .find(|f| f.finding == finding && f.subject == subject)
+        .unwrap_or_else(|| panic!("no {finding}/{subject:?} in {:#?}", obs.findings))
+}
+
+fn sample(obs: &Observation, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    obs.samples
+        .iter()
+        .find(|s| {
+            s.desc.name == name
+                && labels.iter().all(|(k, v)| s.labels.iter().any(|(lk, lv)| lk == k && lv == v))
+        })
+        .map(|s| s.value)
+}
+
+/// A writable copy of a fixture case.
+fn copy_case(case: &str) -> tempfile::TempDir {
+    fn copy(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let target = to.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                copy(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), &target).unwrap();
+            }
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    copy(&fixture(case), dir.path());
+    dir
+}
+
+#[test]
+fn healthy_node_is_all_ok() {
+    let config = NicConfig {
+        required: vec!["eth0".into(), "ib0".into()],
+        expected_speed_mbps: [("eth0".to_owned(), 100_000)].into(),
+        expected_mtu: [("eth0".to_owned(), 9000)].into(),
+        ..NicConfig::default()
+    };
+    let obs = once("healthy", &config);
+    assert!(not_ok(&obs).is_empty(), "{:#?}", not_ok(&obs));
+    for finding in ["nic_down", "nic_missing", "nic_speed", "nic_mtu", "nic_flapping", "nic_errors"]
+    {
+        find(&obs, finding, "eth0");
+    }
+    find(&obs, "ib_port_down", "mlx5_0/1");
+    // Ignored interfaces are not looked at at all.
+    assert!(obs.findings.iter().all(|f| f.subject != "lo" && f.subject != "docker0"));
+    let eth0 = [("device", "eth0")];
+    assert_eq!(sample(&obs, metrics::NIC_UP.name, &eth0), Some(1.0));
+    assert_eq!(sample(&obs, metrics::NIC_SPEED.name, &eth0), Some(100_000.0 * 125_000.0));
+    assert_eq!(sample(&obs, metrics::NIC_MTU.name, &eth0), Some(9000.0));
+    assert_eq!(sample(&obs, metrics::NIC_CARRIER_CHANGES.name, &eth0), Some(2.0));
+    assert_eq!(
+        sample(&obs, metrics::NIC_ERRORS.name, &[("device", "eth0"), ("direction", "tx")]),
+        Some(0.0)
+    );
+    let port = [("device", "mlx5_0"), ("port", "1")];
+    assert_eq!(sample(&obs, metrics::IB_PORT_UP.name, &port), Some(1.0));
+    assert_eq!(sample(&obs, metrics::IB_PORT_RATE.name, &port), Some(50e9));
+    assert_eq!(sample(&obs, metrics::IB_LINK_DOWNED.name, &port), Some(0.0));
+}
+
+#[test]
+fn required_interface_down_fails_with_drain() {
+    let config = NicConfig { required: vec!["ens1".into()], ..NicConfig::default() };
+    let obs = once("nic_down", &config);
+    let down = find(&obs, "nic_down", "ens1");
+    assert_eq!((down.status, down.action), (Status::Fail, RecommendedAction::Drain));
+    assert!(down.message.contains("operstate=down"), "{}", down.message);
+    assert_eq!(not_ok(&obs).len(), 1, "{:#?}", not_ok(&obs));
+    assert_eq!(sample(&obs, metrics::NIC_UP.name, &[("device", "ens1")]), Some(0.0));
+    // speed -1: absent, not garbage.
+    assert_eq!(sample(&obs, metrics::NIC_SPEED.name, &[("device", "ens1")]), None);
+    assert_eq!(find(&obs, "nic_unreadable", "ens1").status, Status::Ok);
+}
+
+#[test]
+fn unrequired_interface_down_is_ok() {
+    let obs = once("nic_down", &NicConfig::default());
+    assert!(not_ok(&obs).is_empty(), "{:#?}", not_ok(&obs));
+    assert_eq!(find(&obs, "nic_down", "ens1").status, Status::Ok);
+    assert_eq!(sample(&obs, metrics::NIC_UP.name, &[("device", "ens1")]), Some(0.0));
+}
+
+#[test]
+fn required_interface_is_looked_at_even_when_ignored() {
+    let config = NicConfig { required: vec!["docker0".into()], ..NicConfig::default() };
+    let obs = once("nic_down", &config);
+    assert_eq!(find(&obs, "nic_down", "docker0").status, Status::Fail);
+    let all = NicConfig { ignore: String::new(), ..NicConfig::default() };
+    let obs = once("nic_down", &all);
+    assert_eq!(find(&obs, "nic_down", "docker0").status, Status::Ok);
+}
+
+#[test]
+fn required_interface_missing_fails() {
+    let config = NicConfig { required: vec!["eth0".into(), "ens9".into()], ..NicConfig::default() };
+    let obs = once("healthy", &config);
+    let missing = find(&obs, "nic_missing", "ens9");
+    assert_eq!((missing.status, missing.action), (Status::Fail, RecommendedAction::Drain));
+    assert_eq!(find(&obs, "nic_missing", "eth0").status, Status::Ok);
+    assert_eq!(not_ok(&obs).len(), 1, "{:#?}", not_ok(&obs));
+}
+
+#[test]
+fn wrong_speed_and_mtu_warn() {
+    let config = NicConfig {
+        expected_speed_mbps: [("eth0".to_owned(), 200_000)].into(),
+        expected_mtu: [("eth0".to_owned(), 4200)].into(),
+        ..NicConfig::default()
+    };
+    let obs = once("healthy", &config);
+    assert_eq!(find(&obs, "nic_speed", "eth0").status, Status::Warn);
+    assert_eq!(find(&obs, "nic_mtu", "eth0").status, Status::Warn);
+}
+
+#[test]
+fn carrier_flaps_within_the_window_warn_and_clear() {
+    let dir = copy_case("nic_flapping");
+    let paths = paths_of(dir.path());
+    let mut check = build(&NicConfig::default(), &paths);
+    let t0 = SystemTime::now();
+    let obs = run_at(&mut check, &paths, t0);
+    assert!(not_ok(&obs).is_empty(), "{:#?}", not_ok(&obs));
+
+    let eth0 = dir.path().join("sys/class/net/eth0");
+    std::fs::write(eth0.join("carrier_changes"), "5\n").unwrap();
+    let obs = run_at(&mut check, &paths, t0 + Duration::from_secs(60));
+    assert_eq!(find(&obs, "nic_flapping", "eth0").status, Status::Ok, "3 changes are below 5");
+    std::fs::write(eth0.join("carrier_changes"), "8\n").unwrap();
+    let obs = run_at(&mut check, &paths, t0 + Duration::from_secs(120));
+    let flapping = find(&obs, "nic_flapping", "eth0");
+    assert_eq!((flapping.status, flapping.action), (Status::Warn, RecommendedAction::None));
+    assert_eq!(flapping.value, Some(6.0));
+    // A day later with no further changes the window holds none.
+    let obs = run_at(&mut check, &paths, t0 + Duration::from_secs(24 * 3600 + 121));
+    assert_eq!(find(&obs, "nic_flapping", "eth0").status, Status::Ok);
+
+    let port = dir.path().join("sys/class/infiniband/mlx5_0/ports/1/counters/link_downed");
+    std::fs::write(&port, "4\n").unwrap();
+    let obs = run_at(&mut check, &paths, t0 + Duration::from_secs(24 * 3600 + 200));
+    assert_eq!(find(&obs, "ib_flapping", "mlx5_0/1").status, Status::Warn);
+}
+
+#[test]
+fn error_rates_warn() {
+    let dir = copy_case("healthy");
+    let paths = paths_of(dir.path());
+    let mut check = build(&NicConfig::default(), &paths);
+    let t0 = SystemTime::now();
+    run_at(&mut check, &paths, t0);
+    std::fs::write(dir.path().join("sys/class/net/eth0/statistics/rx_errors"), "100\n").unwrap();
+    let obs = run_at(&mut check, &paths, t0 + Duration::from_secs(10));
+    let errors = find(&obs, "nic_errors", "eth0");
+    assert_eq!(errors.status, Status::Warn, "{errors:?}");
+    assert!(errors.message.contains("rx_errors 10.0/s"), "{}", errors.message);
+    let obs = run_at(&mut check, &paths, t0 + Duration::from_secs(20));
+    assert_eq!(find(&obs, "nic_errors", "eth0").status, Status::Ok);
+}
+
+#[test]
+fn ib_port_down_fails_with_drain() {
+    let obs = once("ib_port_down", &NicConfig::default());
+    let down = find(&obs, "ib_port_down", "mlx5_1/1");
+    assert_eq!((down.status, down.action), (Status::Fail, RecommendedAction::Drain));
+    assert_eq!(find(&obs, "ib_port_down", "mlx5_0/1").status, Status::Ok);
+    assert_eq!(not_ok(&obs).len(), 1, "{:#?}", not_ok(&obs));
+    let port = [("device", "mlx5_1"), ("port", "1")];
+    assert_eq!(sample(&obs, metrics::IB_PORT_UP.name, &port), Some(0.0));
+    assert_eq!(sample(&obs, metrics::IB_LINK_DOWNED.name, &port), Some(2.0));
+
+    // Only the listed ports must be up; a listed one that is not there fails.
+    let config =
+        NicConfig { required_ib: vec!["mlx5_0/1".into(), "mlx5_2".into()], ..NicConfig::default() };
+    let obs = once("ib_port_down", &config);
+    assert_eq!(find(&obs, "ib_port_down", "mlx5_1/1").status, Status::Ok);
+    let missing = find(&obs, "ib_port_missing", "mlx5_2");
+    assert_eq!((missing.status, missing.action), (Status::Fail, RecommendedAction::Drain));
+}
+
+#[test]
+fn truncated_files_are_unknown_and_the_rest_is_reported() {
+    let config = NicConfig { required: vec!["eth0".into()], ..NicConfig::default() };
+    let obs = once("nic_truncated", &config);
+    let unreadable = find(&obs, "nic_unreadable", "eth0");
+    assert_eq!(unreadable.status, Status::Unknown);
+    for file in ["speed", "mtu", "statistics/rx_errors"] {
+        assert!(unreadable.message.contains(file), "{file} not named: {}", unreadable.message);
+    }
+    assert_eq!(find(&obs, "nic_down", "eth0").status, Status::Ok);
+    let eth0 = [("device", "eth0")];
+    assert_eq!(sample(&obs, metrics::NIC_SPEED.name, &eth0), None);
+    assert_eq!(sample(&obs, metrics::NIC_MTU.name, &eth0), None);
+    assert_eq!(sample(&obs, metrics::NIC_UP.name, &eth0), Some(1.0));
+    assert_eq!(
+        sample(&obs, metrics::NIC_ERRORS.name, &[("device", "eth0"), ("direction", "tx")]),
+        Some(0.0)
+    );
+    let ib = find(&obs, "ib_unreadable", "mlx5_0/1");
+    assert_eq!(ib.status, Status::Unknown);
+    assert!(
+        ib.message.contains("rate") && ib.message.contains("counters/symbol_error"),
+        "{}",
+        ib.message
+    );
+    assert_eq!(find(&obs, "ib_port_down", "mlx5_0/1").status, Status::Ok);
+    assert!(obs.findings.iter().all(|f| f.status != Status::Fail), "{:#?}", not_ok(&obs));
+}
+
+#[test]
+fn absent_sysfs_does_not_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = paths_of(dir.path());
+    let obs = run_at(&mut build(&NicConfig::default(), &paths), &paths, SystemTime::now());
+    assert_eq!(find(&obs, "nic_unreadable", "").status, Status::Unknown);
+    assert!(obs.findings.iter().all(|f| f.status != Status::Fail));
+}
+
+/// This machine's /sys: loopback is always there and up (operstate "unknown", carrier 1, and
+/// `speed` refused with EINVAL).
+#[test]
+fn real_sysfs_loopback_is_up() {
+    let paths = HostPaths::default();
+    if !Path::new("/sys/class/net/lo").exists() {
+        return;
+    }
+    let config = NicConfig { required: vec!["lo".into()], ..NicConfig::default() };
+    let obs = run_at(&mut build(&config, &paths), &paths, SystemTime::now());
+    assert_eq!(find(&obs, "nic_down", "lo").status, Status::Ok, "{:#?}", obs.findings);
+    assert_eq!(find(&obs, "nic_unreadable", "lo").status, Status::Ok);
+    assert_eq!(sample(&obs, metrics::NIC_UP.name, &[("device", "lo")]), Some(1.0));
+}
+
+#[test]
+fn config_reads_from_toml_and_bad_values_name_their_fields() {
+    let config = fleetmend_agent::config::AgentConfig::parse(
+        r#"
+[checks.nic]
+required = ["eth0"]
+ignore = "^(lo|docker0)$"
+expected_speed_mbps = { eth0 = 100000 }
+expected_mtu = { eth0 = 9000 }
+flap_window = "12h"
+flap_max = 4
+max_errors_per_second = 0.5
+max_drops_per_second = 50
+required_ib = ["mlx5_0/1", "mlx5_1"]
+ib_flap_window = "1h"
+ib_flap_max = 2
+"#,
+    )
+    .unwrap();
+    assert!(config.validate().is_empty(), "{}", config.validate());
+    assert_eq!(config.checks.nic.flap_window, Duration::from_secs(12 * 3600));
+    assert_eq!(config.checks.nic.expected_speed_mbps.get("eth0"), Some(&100_000));
+
+    let bad = fleetmend_agent::config::AgentConfig::parse(
+        "[checks.nic]\nignore = \"(\"\nflap_window = \"0s\"\nrequired_ib = [\"mlx5_0/x\"]\n",
+    )
+    .unwrap();
+    let problems = bad.validate();
+    let fields: Vec<&str> = problems.0.iter().map(|p| p.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        ["checks.nic.ignore", "checks.nic.flap_window", "checks.nic.required_ib[0]"],
+        "{problems}"
+    );
+}
