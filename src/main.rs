@@ -4,11 +4,16 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use fleetmend_agent::config::{AgentConfig, ConfigError};
+use fleetmend_agent::config::{AgentConfig, ConfigError, ConfigProblems};
 use fleetmend_agent::daemon;
+use fleetmend_agent::gpu::parse_backend;
 
 #[derive(Debug, Parser)]
-#[command(name = "fleetmend", version, about = "Keeps long GPU training runs alive through hardware faults")]
+#[command(
+    name = "fleetmend",
+    version,
+    about = "Keeps long GPU training runs alive through hardware faults"
+)]
 struct Cli {
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
@@ -64,9 +69,13 @@ struct AgentArgs {
     /// Kernel log to follow: /dev/kmsg or a plain file (overrides `paths.kmsg`).
     #[arg(long, value_name = "PATH")]
     kmsg: Option<PathBuf>,
-    /// GPU backend: nvml, fixture:FILE or none (overrides `checks.gpu.backend`).
+    /// GPU backend: nvml, nvml:LIBRARY, fixture:FILE or none (overrides `checks.gpu.backend`).
     #[arg(long, value_name = "BACKEND")]
     gpu: Option<String>,
+    /// Print what the GPU backend reads now as fixture JSON and exit (to keep a real GPU's
+    /// readings as a test fixture).
+    #[arg(long, conflicts_with_all = ["once", "check_config"])]
+    dump_gpu: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -106,6 +115,18 @@ fn agent(args: AgentArgs) -> ExitCode {
             return ExitCode::from(EXIT_CANNOT_RUN);
         }
     };
+    if args.dump_gpu {
+        return match fleetmend_agent::gpu::dump_snapshot(&config.checks.gpu.backend) {
+            Ok(json) => {
+                print!("{json}");
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("reading the GPUs: {err}");
+                ExitCode::from(EXIT_CANNOT_RUN)
+            }
+        };
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         // Each check holds at most one worker (a stuck one is not restarted), so this bounds threads.
@@ -182,7 +203,11 @@ fn agent_config(args: &AgentArgs) -> Result<AgentConfig, ConfigError> {
         config.paths.kmsg = path.clone();
     }
     if let Some(gpu) = &args.gpu {
-        config.checks.gpu.backend = gpu.clone();
+        config.checks.gpu.backend = parse_backend(gpu).map_err(|message| {
+            let mut problems = ConfigProblems::default();
+            problems.push("--gpu", message);
+            ConfigError::Invalid { path: source.clone(), problems }
+        })?;
     }
     config.validated(&source)
 }

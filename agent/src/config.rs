@@ -228,17 +228,16 @@ impl AgentConfig {
     /// Every problem with this config.
     pub fn validate(&self) -> ConfigProblems {
         let mut problems = ConfigProblems::default();
-        if let Some(node) = &self.node {
-            if node.is_empty() || node.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                problems.push("node", format!("{node:?} is not a usable node name"));
-            }
+        if let Some(node) = &self.node
+            && (node.is_empty() || node.chars().any(|c| c.is_whitespace() || c.is_control()))
+        {
+            problems.push("node", format!("{node:?} is not a usable node name"));
         }
         let report = &self.report;
-        if let Some(url) = &report.repairer {
-            if !(url.starts_with("http://") || url.starts_with("https://")) {
-                problems
-                    .push("report.repairer", format!("{url:?} is not an http:// or https:// URL"));
-            }
+        if let Some(url) = &report.repairer
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            problems.push("report.repairer", format!("{url:?} is not an http:// or https:// URL"));
         }
         if report.token.is_some() && report.token_file.is_some() {
             problems.push(

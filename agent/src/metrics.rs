@@ -270,42 +270,6 @@ pub fn encode(samples: &[Sample]) -> String {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn encodes_families_once_with_help_and_type() {
-        let samples = vec![
-            Sample::new(&GPU_TEMPERATURE, 41.0).label("gpu", "0"),
-            Sample::new(&CHECK_TIMEOUTS, 2.0).label("check", "disk"),
-            Sample::new(&GPU_TEMPERATURE, 43.5).label("gpu", "1"),
-        ];
-        let text = encode(&samples);
-        assert_eq!(text.matches("# TYPE fleetmend_gpu_temperature_celsius gauge").count(), 1);
-        assert!(text.contains("# TYPE fleetmend_check_timeouts_total counter"));
-        assert!(text.contains("fleetmend_gpu_temperature_celsius{gpu=\"1\"} 43.5"));
-        assert!(text.contains("fleetmend_check_timeouts_total{check=\"disk\"} 2"));
-    }
-
-    #[test]
-    fn escapes_label_values() {
-        let text = encode(&[Sample::new(&DISK_READONLY, 1.0).label("mount", "/a\"b\\c\nd")]);
-        assert!(text.contains(r#"mount="/a\"b\\c\nd""#), "{text}");
-    }
-
-    #[test]
-    fn counter_names_end_in_total_and_gauges_do_not() {
-        for desc in ALL {
-            assert!(desc.name.starts_with("fleetmend_"), "{}", desc.name);
-            match desc.kind {
-                MetricKind::Counter => assert!(desc.name.ends_with("_total"), "{}", desc.name),
-                MetricKind::Gauge => assert!(!desc.name.ends_with("_total"), "{}", desc.name),
-            }
-        }
-    }
-}
-
 /// Every family, for tests and documentation.
 pub static ALL: &[&MetricDesc] = &[
     &AGENT_INFO,
@@ -368,3 +332,39 @@ pub static ALL: &[&MetricDesc] = &[
     &HOST_EDAC_ERRORS,
     &HOST_PROCESS_RUNNING,
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_families_once_with_help_and_type() {
+        let samples = vec![
+            Sample::new(&GPU_TEMPERATURE, 41.0).label("gpu", "0"),
+            Sample::new(&CHECK_TIMEOUTS, 2.0).label("check", "disk"),
+            Sample::new(&GPU_TEMPERATURE, 43.5).label("gpu", "1"),
+        ];
+        let text = encode(&samples);
+        assert_eq!(text.matches("# TYPE fleetmend_gpu_temperature_celsius gauge").count(), 1);
+        assert!(text.contains("# TYPE fleetmend_check_timeouts_total counter"));
+        assert!(text.contains("fleetmend_gpu_temperature_celsius{gpu=\"1\"} 43.5"));
+        assert!(text.contains("fleetmend_check_timeouts_total{check=\"disk\"} 2"));
+    }
+
+    #[test]
+    fn escapes_label_values() {
+        let text = encode(&[Sample::new(&DISK_READONLY, 1.0).label("mount", "/a\"b\\c\nd")]);
+        assert!(text.contains(r#"mount="/a\"b\\c\nd""#), "{text}");
+    }
+
+    #[test]
+    fn counter_names_end_in_total_and_gauges_do_not() {
+        for desc in ALL {
+            assert!(desc.name.starts_with("fleetmend_"), "{}", desc.name);
+            match desc.kind {
+                MetricKind::Counter => assert!(desc.name.ends_with("_total"), "{}", desc.name),
+                MetricKind::Gauge => assert!(!desc.name.ends_with("_total"), "{}", desc.name),
+            }
+        }
+    }
+}

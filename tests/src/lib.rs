@@ -1,6 +1,9 @@
 //! Helpers for fleetmend's system tests: the real binary, started as a real process, against fixture
 //! trees and real components.
 
+// Test support: a failure to set up is a test failure, so panicking here is the point.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};

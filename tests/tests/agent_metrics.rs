@@ -1,12 +1,16 @@
 //! `/metrics` of the real binary on the healthy fixture: a golden file, and `promtool check metrics`
 //! on it and on the live output. `FLEETMEND_UPDATE_GOLDEN=1` rewrites the golden file.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::io::Write;
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use fleetmend_tests::{fixture, fixture_flags, free_port, http_get, poll_until, start_agent, workspace_root};
+use fleetmend_tests::{
+    fixture, fixture_flags, free_port, http_get, poll_until, start_agent, workspace_root,
+};
 
 /// Families whose values change from run to run or machine to machine; the golden file keeps their
 /// series (names and labels) and masks their values.
@@ -109,9 +113,10 @@ fn healthy_metrics_match_the_golden_file() {
 
 #[test]
 fn promtool_accepts_the_golden_file_and_the_live_output() {
-    let golden = std::fs::read_to_string(workspace_root().join("tests/golden/agent_healthy.metrics"))
-        .unwrap()
-        .replace(" <masked>", " 1");
+    let golden =
+        std::fs::read_to_string(workspace_root().join("tests/golden/agent_healthy.metrics"))
+            .unwrap()
+            .replace(" <masked>", " 1");
     let (code, printed) = promtool_check(&golden);
     assert_eq!(code, Some(0), "promtool on the golden file:\n{printed}");
     assert!(printed.trim().is_empty(), "promtool warnings on the golden file:\n{printed}");

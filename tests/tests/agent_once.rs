@@ -1,6 +1,8 @@
 //! `fleetmend agent --once` and `--check-config`: exit codes and output, as Slurm's
 //! HealthCheckProgram and a job prolog use them.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -29,7 +31,12 @@ fn healthy_fixture_exits_zero_with_a_table() {
     let started = Instant::now();
     let output = once("healthy", &[]);
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(output.status.code(), Some(0), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     assert!(stdout.starts_with("CHECK"), "{stdout}");
     assert!(stdout.trim_end().ends_with("is healthy"), "{stdout}");
     // Slurm kills a HealthCheckProgram at 60 s; the agent must be far quicker.
@@ -49,7 +56,13 @@ fn healthy_fixture_json_lists_every_check() {
 
 #[test]
 fn a_fault_exits_one_and_names_the_finding() {
-    let output = once("healthy", &[&format!("--gpu=fixture:{}", fixture("gpu_xid79").join("gpu.json").display()), "--output=json"]);
+    let output = once(
+        "healthy",
+        &[
+            &format!("--gpu=fixture:{}", fixture("gpu_xid79").join("gpu.json").display()),
+            "--output=json",
+        ],
+    );
     assert_eq!(output.status.code(), Some(1), "{}", String::from_utf8_lossy(&output.stdout));
     let view: HealthView = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(view.verdict, Verdict::Unhealthy);
@@ -64,7 +77,8 @@ fn a_fault_exits_one_and_names_the_finding() {
 fn config_with_unknown_keys_and_bad_values_exits_two_listing_each_problem() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.toml");
-    std::fs::write(&bad, "[checks.gpu]\ninterval = \"0s\"\n[report]\nrepairer = \"ftp://x\"\n").unwrap();
+    std::fs::write(&bad, "[checks.gpu]\ninterval = \"0s\"\n[report]\nrepairer = \"ftp://x\"\n")
+        .unwrap();
     let output = run_with_timeout(
         Command::new(fleetmend_bin()).args(["agent", "--check-config"]).arg(&bad),
         Duration::from_secs(10),

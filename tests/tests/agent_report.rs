@@ -1,6 +1,8 @@
 //! The agent reports to a repairer: at once on a kernel-log fault, with its bearer token, and again
 //! with its newest state after the repairer was away.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

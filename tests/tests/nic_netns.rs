@@ -1,6 +1,8 @@
 //! A real NIC fault: the agent runs inside a network namespace (as a test host would), its
 //! interface is one end of a veth pair, and the other end is taken down and up from outside.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::process::Command;
 use std::time::Duration;
 
@@ -112,8 +114,8 @@ fn link_down_fails_the_nic_check_and_link_up_clears_it() {
     let mut last = None;
     let failed = poll_until(Duration::from_secs(5), || {
         let (code, view) = host.agent_once(&config);
-        let failing = code == Some(1)
-            && nic_findings(&view, &inner).iter().any(|(_, s)| *s == Status::Fail);
+        let failing =
+            code == Some(1) && nic_findings(&view, &inner).iter().any(|(_, s)| *s == Status::Fail);
         last = Some(view);
         failing
     });
@@ -122,8 +124,8 @@ fn link_down_fails_the_nic_check_and_link_up_clears_it() {
     ip(&["link", "set", &host.outer, "up"]);
     let cleared = poll_until(Duration::from_secs(5), || {
         let (code, view) = host.agent_once(&config);
-        let ok = code == Some(0)
-            && nic_findings(&view, &inner).iter().all(|(_, s)| *s != Status::Fail);
+        let ok =
+            code == Some(0) && nic_findings(&view, &inner).iter().all(|(_, s)| *s != Status::Fail);
         last = Some(view);
         ok
     });
