@@ -89,7 +89,10 @@ pub async fn start(config: AgentConfig) -> Result<RunningAgent, AgentError> {
     }
     let app = server::router(Arc::clone(&state));
     tasks.spawn(async move {
-        axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await.map_err(AgentError::Serve)
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown_signal())
+            .await
+            .map_err(AgentError::Serve)
     });
     Ok(RunningAgent { state, local_addr, tasks })
 }

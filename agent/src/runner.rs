@@ -262,8 +262,11 @@ impl AgentState {
             Sample::new(&metrics::AGENT_START_TIME, unix_seconds(self.started_at)),
             Sample::new(&metrics::AGENT_REPORTS, self.reports_ok.load(Ordering::Relaxed) as f64)
                 .label("result", "ok"),
-            Sample::new(&metrics::AGENT_REPORTS, self.reports_failed.load(Ordering::Relaxed) as f64)
-                .label("result", "error"),
+            Sample::new(
+                &metrics::AGENT_REPORTS,
+                self.reports_failed.load(Ordering::Relaxed) as f64,
+            )
+            .label("result", "error"),
         ];
         let last_ok = self.last_report_ok_ms.load(Ordering::Relaxed);
         if last_ok > 0 {
