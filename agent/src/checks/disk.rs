@@ -82,7 +82,9 @@ pub struct DiskConfig {
     /// Longest one mount's statvfs and probe may take before the mount is reported hung.
     #[serde(with = "humantime_serde")]
     pub probe_timeout: Duration,
-    /// Name of the file the probe writes, reads back and deletes in each mount's top directory.
+    /// Name of the file the probe writes, reads back and deletes in each mount's top directory;
+    /// the node name is appended (`.fleetmend-probe.gpu-node-017`) so the agents of many nodes can
+    /// probe one shared filesystem without touching each other's file.
     pub probe_file: String,
     /// Block devices (names under `{sysfs}/block`) whose I/O error counters are watched. Empty:
     /// every device except `loop*`, `ram*`, `zram*` and `dm-*` (devices without an `ioerr_cnt`,
@@ -306,7 +308,7 @@ pub struct DiskCheck {
 }
 
 impl DiskCheck {
-    pub fn new(config: &DiskConfig, _ctx: BuildContext<'_>) -> Self {
+    pub fn new(config: &DiskConfig, ctx: BuildContext<'_>) -> Self {
         DiskCheck {
             mounts: config
                 .mounts
@@ -318,7 +320,7 @@ impl DiskCheck {
                 })
                 .collect(),
             probe_timeout: config.probe_timeout,
-            probe_file: config.probe_file.clone(),
+            probe_file: format!("{}.{}", config.probe_file, ctx.node.replace('/', "_")),
             devices: config.devices.clone(),
             io_errors: HashMap::new(),
             probe_threads_started: 0,
