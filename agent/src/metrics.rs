@@ -91,9 +91,9 @@ pub static CHECK_LAST_RUN: MetricDesc = gauge(
 
 // --- gpu --------------------------------------------------------------------------------------
 
-pub static GPU_COUNT: MetricDesc = gauge("fleetmend_gpu_count", "GPUs the backend sees.");
+pub static GPU_COUNT: MetricDesc = gauge("fleetmend_gpu_devices", "GPUs the backend sees.");
 pub static GPU_EXPECTED_COUNT: MetricDesc =
-    gauge("fleetmend_gpu_expected_count", "GPUs this node should have (config).");
+    gauge("fleetmend_gpu_devices_expected", "GPUs this node should have (config).");
 pub static GPU_INFO: MetricDesc =
     gauge("fleetmend_gpu_info", "GPU identity (index, PCI bus id, name, UUID); always 1.");
 pub static GPU_TEMPERATURE: MetricDesc =

@@ -110,10 +110,12 @@ fn an_xid_line_in_the_kernel_log_reaches_the_repairer_within_a_second() {
     assert!(!has_xid_79(&startup), "the healthy fixture already has an Xid 79: {startup:?}");
 
     let appended = Instant::now();
+    // A /dev/kmsg record; its timestamp (µs since boot) is just before the fixture's uptime (7200 s),
+    // so the agent places it at "now" rather than as an old line outside the rule's window.
     let mut file = std::fs::OpenOptions::new().append(true).open(&kmsg).unwrap();
     writeln!(
         file,
-        "4,2201,96482311,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=2317, name=python, GPU has fallen off the bus."
+        "4,2201,7199500000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=2317, name=python, GPU has fallen off the bus."
     )
     .unwrap();
     drop(file);

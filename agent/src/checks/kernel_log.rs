@@ -44,6 +44,10 @@ const MAX_SUBJECTS: usize = 256;
 /// Records read between looks at the stop flag or the run's deadline.
 const BATCH: usize = 512;
 
+/// Longest the daemon spends reading an existing backlog before its first run
+/// (`read_existing = true`); the follower reads whatever is left.
+const BACKLOG_READ_LIMIT: Duration = Duration::from_secs(2);
+
 /// Least time between attempts to open a log that could not be opened.
 const REOPEN_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -455,6 +459,18 @@ impl KernelLogCheck {
         // Opened here, not in the thread, so "from the end" is the end when the check was built.
         if let Err(err) = reader.ensure_open() {
             lock(&ledger).read_error = Some(err.to_string());
+        } else if config.read_existing {
+            // The backlog is read before the first run, so the agent's first results (and its
+            // startup report) already hold what the log says; bounded for a huge plain file.
+            read_into(
+                &mut reader,
+                &rules,
+                &ledger,
+                &paths.procfs,
+                false,
+                SystemTime::now,
+                Some(Instant::now() + BACKLOG_READ_LIMIT),
+            );
         }
         let stop = Arc::new(AtomicBool::new(false));
         let task = FollowerTask {
