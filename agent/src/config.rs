@@ -68,6 +68,17 @@ impl Default for HostPaths {
 }
 
 impl HostPaths {
+    /// The paths of a host laid out as one directory tree: `DIR/sys`, `DIR/proc`, `DIR/root` and
+    /// the kernel log `DIR/kmsg` (the layout of the agent's fixture cases and of simulated nodes).
+    pub fn tree(dir: &Path) -> HostPaths {
+        HostPaths {
+            sysfs: dir.join("sys"),
+            procfs: dir.join("proc"),
+            rootfs: dir.join("root"),
+            kmsg: dir.join("kmsg"),
+        }
+    }
+
     /// `path` (absolute, as the host sees it) under the configured root filesystem.
     pub fn under_rootfs(&self, path: &Path) -> PathBuf {
         match path.strip_prefix("/") {
