@@ -3,6 +3,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -11,13 +13,10 @@ use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
 use fleetmend_agent::checks::disk::{DiskCheck, DiskConfig, MountConfig, findings};
-use fleetmend_agent::checks::{BuildContext, Check, EventSignal, Mode, Observation, RunContext};
+use fleetmend_agent::checks::{Check, Mode, Observation, RunContext};
 use fleetmend_agent::config::HostPaths;
-use fleetmend_proto::{Finding, RecommendedAction, Status};
-
-fn fixture(case: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(case)
-}
+use fleetmend_proto::{RecommendedAction, Status};
+use support::{assert_finding, build_context, eventually, find, fixture, run, sample};
 
 fn host_paths(procfs: PathBuf, sysfs: PathBuf, rootfs: &Path) -> HostPaths {
     HostPaths { procfs, sysfs, rootfs: rootfs.to_owned(), ..HostPaths::default() }
@@ -32,43 +31,11 @@ fn config(mounts: Vec<MountConfig>) -> DiskConfig {
 }
 
 fn build(config: &DiskConfig, paths: &HostPaths) -> DiskCheck {
-    DiskCheck::new(
-        config,
-        BuildContext { paths, node: "node1", mode: Mode::Once, events: EventSignal::default() },
-    )
-}
-
-fn run(check: &mut DiskCheck, paths: &HostPaths) -> Observation {
-    let ctx = RunContext {
-        paths,
-        now: SystemTime::now(),
-        deadline: Instant::now() + Duration::from_secs(10),
-    };
-    check.run(&ctx)
-}
-
-fn find<'a>(obs: &'a Observation, id: &str, subject: &str) -> &'a Finding {
-    obs.findings
-        .iter()
-        .find(|f| f.finding == id && f.subject == subject)
-        .unwrap_or_else(|| panic!("no {id} finding for {subject:?} in {:#?}", obs.findings))
+    DiskCheck::new(config, build_context(paths, Mode::Once))
 }
 
 fn has(obs: &Observation, id: &str, subject: &str) -> bool {
     obs.findings.iter().any(|f| f.finding == id && f.subject == subject)
-}
-
-fn sample(obs: &Observation, name: &str, label: (&str, &str)) -> Option<f64> {
-    obs.samples
-        .iter()
-        .find(|s| {
-            s.desc.name == name && s.labels.iter().any(|(k, v)| *k == label.0 && v == label.1)
-        })
-        .map(|s| s.value)
-}
-
-fn assert_finding(f: &Finding, status: Status, action: RecommendedAction) {
-    assert_eq!((f.status, f.action), (status, action), "{f:#?}");
 }
 
 /// A tmpfs mounted for one test, unmounted when dropped (before its temp dir goes).
@@ -132,20 +99,20 @@ fn healthy_mounts_are_ok_with_a_latency_sample() {
         ] {
             find(&obs, id, subject);
         }
-        let latency = sample(&obs, "fleetmend_disk_probe_latency_seconds", ("mount", subject))
+        let latency = sample(&obs, "fleetmend_disk_probe_latency_seconds", &[("mount", subject)])
             .expect("latency sample");
         assert!(latency > 0.0 && latency < 5.0, "{latency}");
         assert_eq!(find(&obs, findings::PROBE, subject).value, Some(latency));
-        assert_eq!(sample(&obs, "fleetmend_disk_readonly", ("mount", subject)), Some(0.0));
-        assert!(sample(&obs, "fleetmend_disk_size_bytes", ("mount", subject)).unwrap() > 0.0);
-        let ratio = sample(&obs, "fleetmend_disk_free_ratio", ("mount", subject)).unwrap();
+        assert_eq!(sample(&obs, "fleetmend_disk_readonly", &[("mount", subject)]), Some(0.0));
+        assert!(sample(&obs, "fleetmend_disk_size_bytes", &[("mount", subject)]).unwrap() > 0.0);
+        let ratio = sample(&obs, "fleetmend_disk_free_ratio", &[("mount", subject)]).unwrap();
         assert!((0.0..=1.0).contains(&ratio), "{ratio}");
     }
     assert!(!root.path().join(".fleetmend-probe.node1").exists(), "probe file left behind");
     assert!(!root.path().join("scratch/.fleetmend-probe.node1").exists(), "probe file left behind");
     // sda counts errors; loop0 is virtual and nvme0n1, md0 have no counter: skipped.
     find(&obs, findings::IO_ERRORS, "sda");
-    assert_eq!(sample(&obs, "fleetmend_disk_io_errors_total", ("device", "sda")), Some(0.0));
+    assert_eq!(sample(&obs, "fleetmend_disk_io_errors_total", &[("device", "sda")]), Some(0.0));
     for device in ["loop0", "nvme0n1", "md0"] {
         assert!(!has(&obs, findings::IO_ERRORS, device), "{device}");
     }
@@ -164,7 +131,7 @@ fn read_only_remount_fails_with_reboot() {
     let readonly = find(&obs, findings::READONLY, "/scratch");
     assert_finding(readonly, Status::Fail, RecommendedAction::Reboot);
     assert!(readonly.message.contains("/dev/md0"), "{}", readonly.message);
-    assert_eq!(sample(&obs, "fleetmend_disk_readonly", ("mount", "/scratch")), Some(1.0));
+    assert_eq!(sample(&obs, "fleetmend_disk_readonly", &[("mount", "/scratch")]), Some(1.0));
     assert_finding(find(&obs, findings::READONLY, "/"), Status::Ok, RecommendedAction::None);
     // A read-only mount is not write-probed (it would only fail again with EROFS).
     assert_eq!(find(&obs, findings::PROBE, "/scratch").status, Status::Unknown);
@@ -223,17 +190,12 @@ fn hung_mount_fails_on_time_without_piling_up_threads_and_recovers() {
     if let Err(err) = fs::remove_file(&fifo) {
         assert_eq!(err.kind(), std::io::ErrorKind::NotFound, "{err}");
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    let recovered = eventually(Duration::from_secs(10), || {
         let obs = run(&mut check, &paths);
-        let recovered = find(&obs, findings::HUNG, "/shared").status == Status::Ok
-            && find(&obs, findings::PROBE, "/shared").status == Status::Ok;
-        if recovered {
-            break;
-        }
-        assert!(Instant::now() < deadline, "/shared did not recover: {:#?}", obs.findings);
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        find(&obs, findings::HUNG, "/shared").status == Status::Ok
+            && find(&obs, findings::PROBE, "/shared").status == Status::Ok
+    });
+    assert!(recovered, "/shared did not recover: {:#?}", run(&mut check, &paths).findings);
     drop(reader);
     assert_eq!(check.probes_stuck(), 0);
     assert!(check.probe_threads_started() >= 5);
@@ -263,10 +225,10 @@ fn full_tmpfs_fails_with_drain_and_the_free_ratio() {
 
     let full = find(&obs, findings::FULL, "/scratch");
     assert_finding(full, Status::Fail, RecommendedAction::Drain);
-    let ratio = sample(&obs, "fleetmend_disk_free_ratio", ("mount", "/scratch")).unwrap();
+    let ratio = sample(&obs, "fleetmend_disk_free_ratio", &[("mount", "/scratch")]).unwrap();
     assert_eq!(full.value, Some(ratio));
     assert!(ratio < 0.05, "{ratio}");
-    let size = sample(&obs, "fleetmend_disk_size_bytes", ("mount", "/scratch")).unwrap();
+    let size = sample(&obs, "fleetmend_disk_size_bytes", &[("mount", "/scratch")]).unwrap();
     assert_eq!(size, 1024.0 * 1024.0);
     // The probe cannot write either, and says why; a reboot would not help.
     let probe = find(&obs, findings::PROBE, "/scratch");
@@ -350,7 +312,7 @@ fn rising_io_error_counter_warns_once() {
     let rise = find(&obs, findings::IO_ERRORS, "sda");
     assert_finding(rise, Status::Warn, RecommendedAction::None);
     assert_eq!(rise.value, Some(27.0));
-    assert_eq!(sample(&obs, "fleetmend_disk_io_errors_total", ("device", "sda")), Some(28.0));
+    assert_eq!(sample(&obs, "fleetmend_disk_io_errors_total", &[("device", "sda")]), Some(28.0));
 
     let obs = run(&mut check, &paths);
     assert_eq!(find(&obs, findings::IO_ERRORS, "sda").status, Status::Ok);

@@ -5,28 +5,18 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+mod support;
+
+use std::path::Path;
+use std::time::{Duration, SystemTime};
 
 use fleetmend_agent::checks::gpu::{GpuCheck, GpuConfig};
-use fleetmend_agent::checks::{BuildContext, Check, EventSignal, Mode, Observation, RunContext};
+use fleetmend_agent::checks::{Mode, Observation};
 use fleetmend_agent::config::HostPaths;
 use fleetmend_agent::gpu::{GpuBackendSpec, GpuSnapshot, dump_snapshot, parse_backend};
 use fleetmend_agent::metrics;
-use fleetmend_proto::{Finding, RecommendedAction, Status};
-
-fn case(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
-}
-
-fn paths(dir: &Path) -> HostPaths {
-    HostPaths {
-        sysfs: dir.join("sys"),
-        procfs: dir.join("proc"),
-        rootfs: dir.join("root"),
-        kmsg: dir.join("kmsg"),
-    }
-}
+use fleetmend_proto::{RecommendedAction, Status};
+use support::{assert_finding, build_context, find, fixture, not_ok, run_at};
 
 /// The config of an 8-GPU node reading `dir/gpu.json`.
 fn config(dir: &Path) -> GpuConfig {
@@ -46,26 +36,13 @@ struct Node {
 
 impl Node {
     fn new(config: &GpuConfig, dir: &Path) -> Node {
-        let paths = paths(dir);
-        let check = GpuCheck::new(
-            config,
-            BuildContext {
-                paths: &paths,
-                node: "gpu-node-01",
-                mode: Mode::Once,
-                events: EventSignal::default(),
-            },
-        );
+        let paths = HostPaths::tree(dir);
+        let check = GpuCheck::new(config, build_context(&paths, Mode::Once));
         Node { check, paths, now: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000) }
     }
 
     fn run(&mut self) -> Observation {
-        let ctx = RunContext {
-            paths: &self.paths,
-            now: self.now,
-            deadline: Instant::now() + Duration::from_secs(5),
-        };
-        self.check.run(&ctx)
+        run_at(&mut self.check, &self.paths, self.now)
     }
 
     fn run_after(&mut self, elapsed: Duration) -> Observation {
@@ -74,25 +51,10 @@ impl Node {
     }
 }
 
-fn find<'a>(out: &'a Observation, id: &str, subject: &str) -> &'a Finding {
-    out.findings
-        .iter()
-        .find(|f| f.finding == id && f.subject == subject)
-        .unwrap_or_else(|| panic!("no {id} finding for GPU {subject:?} in {:#?}", out.findings))
-}
-
-fn status_action(finding: &Finding) -> (Status, RecommendedAction) {
-    (finding.status, finding.action)
-}
-
-fn not_ok(out: &Observation) -> Vec<&Finding> {
-    out.findings.iter().filter(|f| f.status != Status::Ok).collect()
-}
-
 /// A copy of a case's `gpu.json` in a temporary directory, to rewrite between runs.
 fn scratch_copy(name: &str) -> (tempfile::TempDir, GpuSnapshot) {
     let dir = tempfile::tempdir().unwrap();
-    let text = std::fs::read_to_string(case(name).join("gpu.json")).unwrap();
+    let text = std::fs::read_to_string(fixture(name).join("gpu.json")).unwrap();
     std::fs::write(dir.path().join("gpu.json"), &text).unwrap();
     (dir, serde_json::from_str(&text).unwrap())
 }
@@ -120,7 +82,7 @@ const PER_GPU_FINDINGS: [&str; 11] = [
 
 #[test]
 fn healthy_node_reports_every_finding_ok() {
-    let dir = case("healthy");
+    let dir = fixture("healthy");
     let mut node = Node::new(&config(&dir), &dir);
     // The second run has rates to judge as well.
     for out in [node.run(), node.run_after(Duration::from_secs(10))] {
@@ -165,16 +127,16 @@ fn healthy_node_reports_every_finding_ok() {
 
 #[test]
 fn xid_79_fails_the_gpu_and_asks_for_a_reboot() {
-    let dir = case("gpu_xid79");
+    let dir = fixture("gpu_xid79");
     let mut node = Node::new(&config(&dir), &dir);
     let out = node.run();
     let xid = find(&out, "xid", "3");
-    assert_eq!(status_action(xid), (Status::Fail, RecommendedAction::Reboot));
+    assert_finding(xid, Status::Fail, RecommendedAction::Reboot);
     assert_eq!(xid.labels["xid"], "79");
     assert_eq!(xid.labels["pci"], "00000000:5d:00.0");
     assert_eq!(xid.value, Some(79.0));
     let access = find(&out, "gpu_access", "3");
-    assert_eq!(status_action(access), (Status::Fail, RecommendedAction::Reboot));
+    assert_finding(access, Status::Fail, RecommendedAction::Reboot);
     assert!(access.message.contains("lost"), "{}", access.message);
     // The other seven are fine, and the count still sees 8 (the lost GPU is enumerated).
     assert_eq!(find(&out, "xid", "2").status, Status::Ok);
@@ -187,20 +149,20 @@ fn xid_79_fails_the_gpu_and_asks_for_a_reboot() {
 
 #[test]
 fn xid_48_with_a_double_bit_error_asks_for_a_gpu_reset() {
-    let dir = case("gpu_xid48_dbe");
+    let dir = fixture("gpu_xid48_dbe");
     let mut node = Node::new(&config(&dir), &dir);
     let out = node.run();
     let xid = find(&out, "xid", "5");
-    assert_eq!(status_action(xid), (Status::Fail, RecommendedAction::ResetGpu));
+    assert_finding(xid, Status::Fail, RecommendedAction::ResetGpu);
     assert_eq!(xid.labels["xid"], "48");
     let ecc = find(&out, "ecc_uncorrected", "5");
-    assert_eq!(status_action(ecc), (Status::Fail, RecommendedAction::ResetGpu));
+    assert_finding(ecc, Status::Fail, RecommendedAction::ResetGpu);
     assert_eq!(ecc.value, Some(1.0));
     assert_eq!(ecc.labels["pci"], "00000000:ab:00.0");
     let remap = find(&out, "row_remap", "5");
-    assert_eq!(status_action(remap), (Status::Fail, RecommendedAction::ResetGpu));
+    assert_finding(remap, Status::Fail, RecommendedAction::ResetGpu);
     let recovery = find(&out, "recovery_action", "5");
-    assert_eq!(status_action(recovery), (Status::Fail, RecommendedAction::ResetGpu));
+    assert_finding(recovery, Status::Fail, RecommendedAction::ResetGpu);
     // Only GPU 5 is affected.
     assert!(not_ok(&out).iter().all(|f| f.subject == "5"), "{:#?}", not_ok(&out));
     let text = metrics::encode(&out.samples);
@@ -212,11 +174,11 @@ fn xid_48_with_a_double_bit_error_asks_for_a_gpu_reset() {
 
 #[test]
 fn row_remap_failure_asks_for_replacement() {
-    let dir = case("gpu_row_remap_failure");
+    let dir = fixture("gpu_row_remap_failure");
     let mut node = Node::new(&config(&dir), &dir);
     let out = node.run();
     let remap = find(&out, "row_remap", "2");
-    assert_eq!(status_action(remap), (Status::Fail, RecommendedAction::Replace));
+    assert_finding(remap, Status::Fail, RecommendedAction::Replace);
     assert!(remap.message.contains("no spare rows"), "{}", remap.message);
     assert_eq!(find(&out, "row_remap", "1").status, Status::Ok);
     // The old uncorrectable errors alone (aggregate) do not ask for a reset.
@@ -226,20 +188,18 @@ fn row_remap_failure_asks_for_replacement() {
 
 #[test]
 fn missing_gpu_warns_first_then_fails_after_the_debounce() {
-    let dir = case("gpu_missing"); // proc/uptime: up two hours, past the boot grace
+    let dir = fixture("gpu_missing"); // proc/uptime: up two hours, past the boot grace
     let mut node = Node::new(&config(&dir), &dir);
     for run in 1..=3 {
         let out = node.run_after(Duration::from_secs(10));
         let count = find(&out, "gpu_count", "");
         assert_eq!(count.value, Some(7.0));
         if run < 3 {
-            assert_eq!(status_action(count), (Status::Warn, RecommendedAction::None), "run {run}");
+            let expected = (Status::Warn, RecommendedAction::None);
+            assert_eq!((count.status, count.action), expected, "run {run}");
         } else {
-            assert_eq!(
-                status_action(count),
-                (Status::Fail, RecommendedAction::Reboot),
-                "run {run}"
-            );
+            let expected = (Status::Fail, RecommendedAction::Reboot);
+            assert_eq!((count.status, count.action), expected, "run {run}");
             assert!(count.message.contains("7 of 8"), "{}", count.message);
         }
     }
@@ -253,18 +213,12 @@ fn missing_gpu_within_the_boot_grace_only_warns() {
     let mut node = Node::new(&config(dir.path()), dir.path());
     for _ in 0..5 {
         let out = node.run_after(Duration::from_secs(10));
-        assert_eq!(
-            status_action(find(&out, "gpu_count", "")),
-            (Status::Warn, RecommendedAction::None)
-        );
+        assert_finding(find(&out, "gpu_count", ""), Status::Warn, RecommendedAction::None);
     }
     // Past the grace, the runs already counted are enough.
     std::fs::write(dir.path().join("proc/uptime"), "601.00 4000.00\n").unwrap();
     let out = node.run_after(Duration::from_secs(10));
-    assert_eq!(
-        status_action(find(&out, "gpu_count", "")),
-        (Status::Fail, RecommendedAction::Reboot)
-    );
+    assert_finding(find(&out, "gpu_count", ""), Status::Fail, RecommendedAction::Reboot);
     // The GPU shows up again: the count clears.
     let mut full = snapshot.clone();
     let mut eighth = full.gpus[6].clone();
@@ -278,15 +232,15 @@ fn missing_gpu_within_the_boot_grace_only_warns() {
 
 #[test]
 fn nvlink_down_and_nvlink_errors() {
-    let dir = case("gpu_nvlink_errors");
+    let dir = fixture("gpu_nvlink_errors");
     let mut node = Node::new(&config(&dir), &dir);
     let out = node.run();
     let down = find(&out, "nvlink_down", "1");
-    assert_eq!(status_action(down), (Status::Fail, RecommendedAction::ResetGpu));
+    assert_finding(down, Status::Fail, RecommendedAction::ResetGpu);
     assert_eq!(down.labels["links"], "7");
     assert_eq!(down.value, Some(1.0));
     let errors = find(&out, "nvlink_errors", "6");
-    assert_eq!(status_action(errors), (Status::Warn, RecommendedAction::None));
+    assert_finding(errors, Status::Warn, RecommendedAction::None);
     assert_eq!(errors.labels["links"], "11");
     assert!(errors.message.contains("recovery"), "{}", errors.message);
     assert_eq!(find(&out, "nvlink_errors", "1").status, Status::Ok);
@@ -315,7 +269,7 @@ fn nvlink_crc_burst_warns_and_clears() {
     rewrite(dir.path(), &snapshot);
     let out = node.run_after(Duration::from_secs(10));
     let errors = find(&out, "nvlink_errors", "0");
-    assert_eq!(status_action(errors), (Status::Warn, RecommendedAction::None));
+    assert_finding(errors, Status::Warn, RecommendedAction::None);
     assert_eq!(errors.labels["links"], "2");
     assert_eq!(errors.value, Some(500.0));
     // No new errors in the next interval: the rate is zero again.
@@ -334,13 +288,13 @@ fn xid_appears_on_rewrite_and_clears_after_the_window() {
     snapshot.gpus[4].xid_counts.insert(79, 1);
     rewrite(dir.path(), &snapshot);
     let out = node.run_after(Duration::from_secs(10));
-    assert_eq!(status_action(find(&out, "xid", "4")), (Status::Fail, RecommendedAction::Reboot));
+    assert_finding(find(&out, "xid", "4"), Status::Fail, RecommendedAction::Reboot);
 
     let out = node.run_after(Duration::from_secs(590));
     assert_eq!(find(&out, "xid", "4").status, Status::Fail, "still within the window");
     let out = node.run_after(Duration::from_secs(10));
     let xid = find(&out, "xid", "4");
-    assert_eq!(status_action(xid), (Status::Ok, RecommendedAction::None));
+    assert_finding(xid, Status::Ok, RecommendedAction::None);
     assert_eq!(xid.labels["xid"], "79", "the cleared finding names the code it clears");
 
     snapshot.gpus[4].xid_counts.insert(79, 2);
@@ -351,22 +305,22 @@ fn xid_appears_on_rewrite_and_clears_after_the_window() {
 
 #[test]
 fn xid_actions_in_config_override_the_catalog() {
-    let dir = case("gpu_xid79");
+    let dir = fixture("gpu_xid79");
     let mut config = config(&dir);
     config.xid_actions.insert("79".into(), RecommendedAction::Replace);
     let mut node = Node::new(&config, &dir);
     let out = node.run();
-    assert_eq!(status_action(find(&out, "xid", "3")), (Status::Fail, RecommendedAction::Replace));
+    assert_finding(find(&out, "xid", "3"), Status::Fail, RecommendedAction::Replace);
 }
 
 #[test]
 fn malformed_fixture_is_unknown_not_a_panic() {
-    let dir = case("gpu_malformed");
+    let dir = fixture("gpu_malformed");
     let mut node = Node::new(&config(&dir), &dir);
     let out = node.run();
     assert_eq!(out.findings.len(), 1, "{:#?}", out.findings);
     let backend = find(&out, "gpu_backend", "");
-    assert_eq!(status_action(backend), (Status::Unknown, RecommendedAction::None));
+    assert_finding(backend, Status::Unknown, RecommendedAction::None);
     assert!(backend.message.starts_with("parsing GPU fixture"), "{}", backend.message);
     assert!(backend.message.contains("gpu_malformed/gpu.json"), "{}", backend.message);
 }
@@ -396,7 +350,7 @@ fn wrong_types_and_a_missing_file_are_unknown_and_recover() {
     assert_eq!(find(&node.run(), "gpu_backend", "").status, Status::Unknown);
 
     // Fixed: read on the next run.
-    std::fs::copy(case("healthy").join("gpu.json"), dir.path().join("gpu.json")).unwrap();
+    std::fs::copy(fixture("healthy").join("gpu.json"), dir.path().join("gpu.json")).unwrap();
     let out = node.run();
     assert!(not_ok(&out).is_empty(), "{:#?}", not_ok(&out));
 }
@@ -415,7 +369,7 @@ fn nvml_library_missing_is_unknown_nvml_unavailable() {
         let out = node.run_after(Duration::from_secs(10));
         assert_eq!(out.findings.len(), 1, "{:#?}", out.findings);
         let backend = find(&out, "gpu_backend", "");
-        assert_eq!(status_action(backend), (Status::Unknown, RecommendedAction::None));
+        assert_finding(backend, Status::Unknown, RecommendedAction::None);
         assert!(backend.message.starts_with("NVML unavailable"), "{}", backend.message);
     }
 }
@@ -447,13 +401,14 @@ fn none_backend_reports_nothing() {
 
 #[test]
 fn dump_snapshot_writes_the_fixture_format() {
-    let spec =
-        parse_backend(&format!("fixture:{}", case("healthy").join("gpu.json").display())).unwrap();
+    let spec = parse_backend(&format!("fixture:{}", fixture("healthy").join("gpu.json").display()))
+        .unwrap();
     let text = dump_snapshot(&spec).unwrap();
     let dumped: GpuSnapshot = serde_json::from_str(&text).unwrap();
-    let original: GpuSnapshot =
-        serde_json::from_str(&std::fs::read_to_string(case("healthy").join("gpu.json")).unwrap())
-            .unwrap();
+    let original: GpuSnapshot = serde_json::from_str(
+        &std::fs::read_to_string(fixture("healthy").join("gpu.json")).unwrap(),
+    )
+    .unwrap();
     assert_eq!(dumped, original);
     assert!(dump_snapshot(&GpuBackendSpec::None).is_err());
     let err =

@@ -2,18 +2,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
 
 use fleetmend_agent::checks::host::{HostCheck, HostConfig, findings};
-use fleetmend_agent::checks::{BuildContext, Check, EventSignal, Mode, Observation, RunContext};
+use fleetmend_agent::checks::{Mode, Observation};
 use fleetmend_agent::config::HostPaths;
-use fleetmend_proto::{Finding, RecommendedAction, Status};
-
-fn fixture(case: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(case)
-}
+use fleetmend_proto::{RecommendedAction, Status};
+use support::{assert_finding, build_context, find, fixture, run, run_at, sample};
 
 fn host_paths(procfs: PathBuf, sysfs: PathBuf) -> HostPaths {
     HostPaths { procfs, sysfs, ..HostPaths::default() }
@@ -30,40 +29,11 @@ fn node_config() -> HostConfig {
 }
 
 fn build(config: &HostConfig, paths: &HostPaths) -> HostCheck {
-    HostCheck::new(
-        config,
-        BuildContext { paths, node: "node1", mode: Mode::Once, events: EventSignal::default() },
-    )
-}
-
-fn run_at(check: &mut HostCheck, paths: &HostPaths, now: SystemTime) -> Observation {
-    let ctx = RunContext { paths, now, deadline: Instant::now() + Duration::from_secs(5) };
-    check.run(&ctx)
+    HostCheck::new(config, build_context(paths, Mode::Once))
 }
 
 fn run_once(config: &HostConfig, paths: &HostPaths) -> Observation {
-    run_at(&mut build(config, paths), paths, SystemTime::now())
-}
-
-fn find<'a>(obs: &'a Observation, id: &str, subject: &str) -> &'a Finding {
-    obs.findings
-        .iter()
-        .find(|f| f.finding == id && f.subject == subject)
-        .unwrap_or_else(|| panic!("no {id} finding for {subject:?} in {:#?}", obs.findings))
-}
-
-fn sample(obs: &Observation, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    obs.samples
-        .iter()
-        .find(|s| {
-            s.desc.name == name
-                && labels.iter().all(|(k, v)| s.labels.iter().any(|(sk, sv)| sk == k && sv == v))
-        })
-        .map(|s| s.value)
-}
-
-fn assert_finding(f: &Finding, status: Status, action: RecommendedAction) {
-    assert_eq!((f.status, f.action), (status, action), "{f:#?}");
+    run(&mut build(config, paths), paths)
 }
 
 #[test]

@@ -2,82 +2,31 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::path::Path;
+use std::time::{Duration, SystemTime};
 
 use fleetmend_agent::checks::kernel_log::{KernelLogCheck, KernelLogConfig, KernelLogRule};
-use fleetmend_agent::checks::{BuildContext, Check, EventSignal, Mode, Observation, RunContext};
+use fleetmend_agent::checks::{EventSignal, Mode, Observation};
 use fleetmend_agent::config::{AgentConfig, HostPaths};
 use fleetmend_agent::metrics;
-use fleetmend_proto::{Finding, RecommendedAction, Status};
-
-fn fixture(case: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(case)
-}
-
-fn paths_of(dir: &Path) -> HostPaths {
-    HostPaths {
-        sysfs: dir.join("sys"),
-        procfs: dir.join("proc"),
-        rootfs: dir.join("root"),
-        kmsg: dir.join("kmsg"),
-    }
-}
+use fleetmend_proto::{RecommendedAction, Status};
+use support::{
+    assert_finding, build_context, eventually, find, fixture, not_ok, run, run_at, sample,
+};
 
 fn build(config: &KernelLogConfig, paths: &HostPaths, mode: Mode) -> (KernelLogCheck, EventSignal) {
-    let events = EventSignal::default();
-    let ctx = BuildContext { paths, node: "node-1", mode, events: events.clone() };
+    let ctx = build_context(paths, mode);
+    let events = ctx.events.clone();
     (KernelLogCheck::new(config, ctx), events)
 }
 
-fn run_at(check: &mut KernelLogCheck, paths: &HostPaths, now: SystemTime) -> Observation {
-    let ctx = RunContext { paths, now, deadline: Instant::now() + Duration::from_secs(5) };
-    check.run(&ctx)
-}
-
-fn run(check: &mut KernelLogCheck, paths: &HostPaths) -> Observation {
-    run_at(check, paths, SystemTime::now())
-}
-
 fn once(case: &str) -> Observation {
-    let paths = paths_of(&fixture(case));
+    let paths = HostPaths::tree(&fixture(case));
     let (mut check, _) = build(&KernelLogConfig::default(), &paths, Mode::Once);
     run(&mut check, &paths)
-}
-
-fn not_ok(obs: &Observation) -> Vec<&Finding> {
-    obs.findings.iter().filter(|f| f.status != Status::Ok).collect()
-}
-
-fn find<'a>(obs: &'a Observation, finding: &str, subject: &str) -> &'a Finding {
-    obs.findings
-        .iter()
-        .find(|f| f.finding == finding && f.subject == subject)
-        .unwrap_or_else(|| panic!("no {finding}/{subject:?} in {:#?}", obs.findings))
-}
-
-fn sample(obs: &Observation, name: &str, label: Option<(&str, &str)>) -> f64 {
-    obs.samples
-        .iter()
-        .find(|s| {
-            s.desc.name == name
-                && label.is_none_or(|(k, v)| s.labels.iter().any(|(lk, lv)| *lk == k && lv == v))
-        })
-        .unwrap_or_else(|| panic!("no sample {name} {label:?} in {:#?}", obs.samples))
-        .value
-}
-
-/// Polls `cond` until it holds or `within` passes.
-fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    cond()
 }
 
 const XID79_LINE: &str = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen off the bus.";
@@ -88,8 +37,8 @@ fn healthy_log_has_nothing_wrong() {
     assert!(not_ok(&obs).is_empty(), "{:#?}", not_ok(&obs));
     let log = find(&obs, "kernel_log", "");
     assert_eq!(log.status, Status::Ok);
-    assert_eq!(sample(&obs, metrics::KMSG_LINES.name, None), 7.0);
-    assert_eq!(sample(&obs, metrics::KMSG_MATCHES.name, Some(("rule", "xid"))), 0.0);
+    assert_eq!(sample(&obs, metrics::KMSG_LINES.name, &[]), Some(7.0));
+    assert_eq!(sample(&obs, metrics::KMSG_MATCHES.name, &[("rule", "xid")]), Some(0.0));
 }
 
 #[test]
@@ -105,15 +54,15 @@ fn xid79_fails_with_reboot_for_that_gpu_only() {
     // window: it does not count.
     assert!(obs.findings.iter().all(|f| f.subject != "0000:18:00"), "{:#?}", obs.findings);
     assert_eq!(not_ok(&obs).len(), 1, "{:#?}", not_ok(&obs));
-    assert_eq!(sample(&obs, metrics::KMSG_MATCHES.name, Some(("rule", "xid"))), 2.0);
-    assert_eq!(sample(&obs, metrics::KMSG_LINES.name, None), 11.0);
+    assert_eq!(sample(&obs, metrics::KMSG_MATCHES.name, &[("rule", "xid")]), Some(2.0));
+    assert_eq!(sample(&obs, metrics::KMSG_LINES.name, &[]), Some(11.0));
 }
 
 #[test]
 fn xid48_fails_with_gpu_reset() {
     let obs = once("kmsg_xid48");
     let xid = find(&obs, "xid", "0000:18:00");
-    assert_eq!((xid.status, xid.action), (Status::Fail, RecommendedAction::ResetGpu));
+    assert_finding(xid, Status::Fail, RecommendedAction::ResetGpu);
     assert_eq!(xid.labels.get("xid").map(String::as_str), Some("48"));
 }
 
@@ -121,18 +70,18 @@ fn xid48_fails_with_gpu_reset() {
 fn xid154_reports_the_drivers_recovery_action() {
     let obs = once("kmsg_xid154");
     let recovery = find(&obs, "recovery_action", "0000:bb:00");
-    assert_eq!((recovery.status, recovery.action), (Status::Fail, RecommendedAction::Reboot));
+    assert_finding(recovery, Status::Fail, RecommendedAction::Reboot);
     assert_eq!(recovery.labels.get("recovery").map(String::as_str), Some("2"));
     // The Xid itself is in the catalog as a warning without action.
     let xid = find(&obs, "xid", "0000:bb:00");
-    assert_eq!((xid.status, xid.action), (Status::Warn, RecommendedAction::None));
+    assert_finding(xid, Status::Warn, RecommendedAction::None);
 }
 
 #[test]
 fn machine_check_warns_without_action() {
     let obs = once("kmsg_mce");
     let mce = find(&obs, "mce", "");
-    assert_eq!((mce.status, mce.action), (Status::Warn, RecommendedAction::None));
+    assert_finding(mce, Status::Warn, RecommendedAction::None);
     assert_eq!(mce.value, Some(2.0));
     assert!(mce.message.starts_with("mce: [Hardware Error]"), "{}", mce.message);
 }
@@ -140,7 +89,7 @@ fn machine_check_warns_without_action() {
 #[test]
 fn absent_log_is_unknown_naming_the_path_and_retried() {
     let dir = tempfile::tempdir().unwrap();
-    let paths = paths_of(dir.path());
+    let paths = HostPaths::tree(dir.path());
     let (mut check, _) = build(&KernelLogConfig::default(), &paths, Mode::Once);
     let obs = run(&mut check, &paths);
     let log = find(&obs, "kernel_log", "");
@@ -163,7 +112,7 @@ async fn daemon_raises_the_event_and_clears_after_the_window() {
     // Start from a log that already holds an Xid: daemon mode reads from the end, so it is
     // not reported.
     std::fs::copy(fixture("kmsg_xid79").join("kmsg"), dir.path().join("kmsg")).unwrap();
-    let paths = paths_of(dir.path());
+    let paths = HostPaths::tree(dir.path());
     let clear_after = Duration::from_secs(30);
     let config = KernelLogConfig {
         rules: vec![KernelLogRule {
@@ -187,7 +136,7 @@ async fn daemon_raises_the_event_and_clears_after_the_window() {
         .expect("no event within 1 s of the Xid line");
     let obs = run(&mut check, &paths);
     let xid = find(&obs, "xid", "0000:3b:00");
-    assert_eq!((xid.status, xid.action), (Status::Fail, RecommendedAction::Reboot), "{xid:?}");
+    assert_finding(xid, Status::Fail, RecommendedAction::Reboot);
 
     // Past the window the condition clears, and says so for that GPU.
     let later = SystemTime::now() + clear_after + Duration::from_secs(1);
@@ -209,7 +158,7 @@ async fn daemon_raises_the_event_and_clears_after_the_window() {
 #[test]
 fn daemon_follows_a_log_that_appears_later() {
     let dir = tempfile::tempdir().unwrap();
-    let paths = paths_of(dir.path());
+    let paths = HostPaths::tree(dir.path());
     let config =
         KernelLogConfig { poll_interval: Duration::from_millis(20), ..KernelLogConfig::default() };
     let (mut check, _events) = build(&config, &paths, Mode::Daemon);
@@ -238,12 +187,12 @@ fn random_bytes(len: usize) -> Vec<u8> {
 #[test]
 fn random_bytes_never_panic_or_match() {
     let dir = tempfile::tempdir().unwrap();
-    let paths = paths_of(dir.path());
+    let paths = HostPaths::tree(dir.path());
     std::fs::write(&paths.kmsg, random_bytes(256 * 1024)).unwrap();
     let (mut check, _) = build(&KernelLogConfig::default(), &paths, Mode::Once);
     let obs = run(&mut check, &paths);
     assert!(not_ok(&obs).is_empty(), "{:#?}", not_ok(&obs));
-    assert!(sample(&obs, metrics::KMSG_LINES.name, None) > 100.0);
+    assert!(sample(&obs, metrics::KMSG_LINES.name, &[]).expect("kmsg lines") > 100.0);
     let matches: f64 = obs
         .samples
         .iter()
@@ -257,7 +206,7 @@ fn random_bytes_never_panic_or_match() {
 #[test]
 fn random_bytes_in_daemon_mode_leave_the_follower_working() {
     let dir = tempfile::tempdir().unwrap();
-    let paths = paths_of(dir.path());
+    let paths = HostPaths::tree(dir.path());
     std::fs::write(&paths.kmsg, b"").unwrap();
     let config =
         KernelLogConfig { poll_interval: Duration::from_millis(20), ..KernelLogConfig::default() };
@@ -346,7 +295,7 @@ fn a_rule_that_does_not_compile_is_an_unknown_finding() {
         }],
         ..KernelLogConfig::default()
     };
-    let paths = paths_of(&fixture("kmsg_xid48"));
+    let paths = HostPaths::tree(&fixture("kmsg_xid48"));
     let (mut check, _) = build(&config, &paths, Mode::Once);
     let obs = run(&mut check, &paths);
     assert_eq!(find(&obs, "kernel_log_rule", "broken").status, Status::Unknown);
@@ -356,7 +305,7 @@ fn a_rule_that_does_not_compile_is_an_unknown_finding() {
 #[test]
 fn builtin_rules_can_be_turned_off() {
     let config = KernelLogConfig { builtin_rules: false, ..KernelLogConfig::default() };
-    let paths = paths_of(&fixture("kmsg_xid79"));
+    let paths = HostPaths::tree(&fixture("kmsg_xid79"));
     let (mut check, _) = build(&config, &paths, Mode::Once);
     let obs = run(&mut check, &paths);
     assert!(not_ok(&obs).is_empty(), "{:#?}", not_ok(&obs));
@@ -377,5 +326,5 @@ fn reads_the_real_kmsg_backlog_when_readable() {
     let (mut check, _) = build(&KernelLogConfig::default(), &paths, Mode::Once);
     let obs = run(&mut check, &paths);
     assert_eq!(find(&obs, "kernel_log", "").status, Status::Ok, "{:#?}", obs.findings);
-    assert!(sample(&obs, metrics::KMSG_LINES.name, None) > 0.0);
+    assert!(sample(&obs, metrics::KMSG_LINES.name, &[]).expect("kmsg lines") > 0.0);
 }

@@ -2,62 +2,25 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+mod support;
+
+use std::path::Path;
+use std::time::{Duration, SystemTime};
 
 use fleetmend_agent::checks::nic::{NicCheck, NicConfig};
-use fleetmend_agent::checks::{BuildContext, Check, EventSignal, Mode, Observation, RunContext};
+use fleetmend_agent::checks::{Mode, Observation};
 use fleetmend_agent::config::HostPaths;
 use fleetmend_agent::metrics;
-use fleetmend_proto::{Finding, RecommendedAction, Status};
-
-fn fixture(case: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(case)
-}
-
-fn paths_of(dir: &Path) -> HostPaths {
-    HostPaths {
-        sysfs: dir.join("sys"),
-        procfs: dir.join("proc"),
-        rootfs: dir.join("root"),
-        kmsg: dir.join("kmsg"),
-    }
-}
+use fleetmend_proto::{RecommendedAction, Status};
+use support::{assert_finding, build_context, find, fixture, not_ok, run, run_at, sample};
 
 fn build(config: &NicConfig, paths: &HostPaths) -> NicCheck {
-    let ctx =
-        BuildContext { paths, node: "node-1", mode: Mode::Daemon, events: EventSignal::default() };
-    NicCheck::new(config, ctx)
-}
-
-fn run_at(check: &mut NicCheck, paths: &HostPaths, now: SystemTime) -> Observation {
-    check.run(&RunContext { paths, now, deadline: Instant::now() + Duration::from_secs(5) })
+    NicCheck::new(config, build_context(paths, Mode::Daemon))
 }
 
 fn once(case: &str, config: &NicConfig) -> Observation {
-    let paths = paths_of(&fixture(case));
-    run_at(&mut build(config, &paths), &paths, SystemTime::now())
-}
-
-fn not_ok(obs: &Observation) -> Vec<&Finding> {
-    obs.findings.iter().filter(|f| f.status != Status::Ok).collect()
-}
-
-fn find<'a>(obs: &'a Observation, finding: &str, subject: &str) -> &'a Finding {
-    obs.findings
-        .iter()
-        .find(|f| f.finding == finding && f.subject == subject)
-        .unwrap_or_else(|| panic!("no {finding}/{subject:?} in {:#?}", obs.findings))
-}
-
-fn sample(obs: &Observation, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    obs.samples
-        .iter()
-        .find(|s| {
-            s.desc.name == name
-                && labels.iter().all(|(k, v)| s.labels.iter().any(|(lk, lv)| lk == k && lv == v))
-        })
-        .map(|s| s.value)
+    let paths = HostPaths::tree(&fixture(case));
+    run(&mut build(config, &paths), &paths)
 }
 
 /// A writable copy of a fixture case.
@@ -116,7 +79,7 @@ fn required_interface_down_fails_with_drain() {
     let config = NicConfig { required: vec!["ens1".into()], ..NicConfig::default() };
     let obs = once("nic_down", &config);
     let down = find(&obs, "nic_down", "ens1");
-    assert_eq!((down.status, down.action), (Status::Fail, RecommendedAction::Drain));
+    assert_finding(down, Status::Fail, RecommendedAction::Drain);
     assert!(down.message.contains("operstate=down"), "{}", down.message);
     assert_eq!(not_ok(&obs).len(), 1, "{:#?}", not_ok(&obs));
     assert_eq!(sample(&obs, metrics::NIC_UP.name, &[("device", "ens1")]), Some(0.0));
@@ -148,7 +111,7 @@ fn required_interface_missing_fails() {
     let config = NicConfig { required: vec!["eth0".into(), "ens9".into()], ..NicConfig::default() };
     let obs = once("healthy", &config);
     let missing = find(&obs, "nic_missing", "ens9");
-    assert_eq!((missing.status, missing.action), (Status::Fail, RecommendedAction::Drain));
+    assert_finding(missing, Status::Fail, RecommendedAction::Drain);
     assert_eq!(find(&obs, "nic_missing", "eth0").status, Status::Ok);
     assert_eq!(not_ok(&obs).len(), 1, "{:#?}", not_ok(&obs));
 }
@@ -168,7 +131,7 @@ fn wrong_speed_and_mtu_warn() {
 #[test]
 fn carrier_flaps_within_the_window_warn_and_clear() {
     let dir = copy_case("nic_flapping");
-    let paths = paths_of(dir.path());
+    let paths = HostPaths::tree(dir.path());
     let mut check = build(&NicConfig::default(), &paths);
     let t0 = SystemTime::now();
     let obs = run_at(&mut check, &paths, t0);
@@ -181,7 +144,7 @@ fn carrier_flaps_within_the_window_warn_and_clear() {
     std::fs::write(eth0.join("carrier_changes"), "8\n").unwrap();
     let obs = run_at(&mut check, &paths, t0 + Duration::from_secs(120));
     let flapping = find(&obs, "nic_flapping", "eth0");
-    assert_eq!((flapping.status, flapping.action), (Status::Warn, RecommendedAction::None));
+    assert_finding(flapping, Status::Warn, RecommendedAction::None);
     assert_eq!(flapping.value, Some(6.0));
     // A day later with no further changes the window holds none.
     let obs = run_at(&mut check, &paths, t0 + Duration::from_secs(24 * 3600 + 121));
@@ -196,7 +159,7 @@ fn carrier_flaps_within_the_window_warn_and_clear() {
 #[test]
 fn error_rates_warn() {
     let dir = copy_case("healthy");
-    let paths = paths_of(dir.path());
+    let paths = HostPaths::tree(dir.path());
     let mut check = build(&NicConfig::default(), &paths);
     let t0 = SystemTime::now();
     run_at(&mut check, &paths, t0);
@@ -213,7 +176,7 @@ fn error_rates_warn() {
 fn ib_port_down_fails_with_drain() {
     let obs = once("ib_port_down", &NicConfig::default());
     let down = find(&obs, "ib_port_down", "mlx5_1/1");
-    assert_eq!((down.status, down.action), (Status::Fail, RecommendedAction::Drain));
+    assert_finding(down, Status::Fail, RecommendedAction::Drain);
     assert_eq!(find(&obs, "ib_port_down", "mlx5_0/1").status, Status::Ok);
     assert_eq!(not_ok(&obs).len(), 1, "{:#?}", not_ok(&obs));
     let port = [("device", "mlx5_1"), ("port", "1")];
@@ -226,7 +189,7 @@ fn ib_port_down_fails_with_drain() {
     let obs = once("ib_port_down", &config);
     assert_eq!(find(&obs, "ib_port_down", "mlx5_1/1").status, Status::Ok);
     let missing = find(&obs, "ib_port_missing", "mlx5_2");
-    assert_eq!((missing.status, missing.action), (Status::Fail, RecommendedAction::Drain));
+    assert_finding(missing, Status::Fail, RecommendedAction::Drain);
 }
 
 #[test]
@@ -261,8 +224,8 @@ fn truncated_files_are_unknown_and_the_rest_is_reported() {
 #[test]
 fn absent_sysfs_does_not_panic() {
     let dir = tempfile::tempdir().unwrap();
-    let paths = paths_of(dir.path());
-    let obs = run_at(&mut build(&NicConfig::default(), &paths), &paths, SystemTime::now());
+    let paths = HostPaths::tree(dir.path());
+    let obs = run(&mut build(&NicConfig::default(), &paths), &paths);
     assert_eq!(find(&obs, "nic_unreadable", "").status, Status::Unknown);
     assert!(obs.findings.iter().all(|f| f.status != Status::Fail));
 }
@@ -276,7 +239,7 @@ fn real_sysfs_loopback_is_up() {
         return;
     }
     let config = NicConfig { required: vec!["lo".into()], ..NicConfig::default() };
-    let obs = run_at(&mut build(&config, &paths), &paths, SystemTime::now());
+    let obs = run(&mut build(&config, &paths), &paths);
     assert_eq!(find(&obs, "nic_down", "lo").status, Status::Ok, "{:#?}", obs.findings);
     assert_eq!(find(&obs, "nic_unreadable", "lo").status, Status::Ok);
     assert_eq!(sample(&obs, metrics::NIC_UP.name, &[("device", "lo")]), Some(1.0));
