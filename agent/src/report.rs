@@ -160,6 +160,7 @@ pub fn build_report(state: &AgentState, seq: u64, trigger: ReportTrigger) -> Rep
         verdict: Verdict::of(&findings),
         checks: results.iter().map(|r| r.summary()).collect(),
         findings,
+        command_results: Vec::new(),
     }
 }
 

@@ -275,6 +275,38 @@ pub struct Report {
     pub checks: Vec<CheckRun>,
     /// Every current finding, ok ones included, so the receiver can clear what has cleared.
     pub findings: Vec<Finding>,
+    /// Results of commands the repairer sent (in earlier replies) that finished since the last
+    /// delivered report. Sent again until a report carrying them is accepted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command_results: Vec<CommandResult>,
+}
+
+/// Command kinds a repairer may send to an agent.
+pub mod command_kind {
+    /// Run every check once plus the active probes, and return the findings and a verdict.
+    pub const DEEP_CHECK: &str = "deep-check";
+    /// Run the agent's configured reboot command (the `agent` provider).
+    pub const REBOOT: &str = "reboot";
+}
+
+/// How a command the repairer sent went.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CommandResult {
+    /// The command's `id`.
+    pub id: String,
+    pub kind: String,
+    /// It ran and succeeded (for a deep check: the node passed).
+    pub ok: bool,
+    /// A short account: the verdict, the failing findings, the error.
+    #[serde(default)]
+    pub message: String,
+    /// For a deep check: the verdict over every finding it made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<Verdict>,
+    /// For a deep check: its non-ok findings.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub findings: Vec<Finding>,
+    pub finished_at_ms: u64,
 }
 
 /// Why a report was sent.
@@ -287,6 +319,8 @@ pub enum ReportTrigger {
     Event,
     /// The first report of this agent process.
     Startup,
+    /// A command the repairer sent finished (its result is in `command_results`).
+    Command,
 }
 
 /// The repairer's answer to a report. Open for growth: commands for the node travel here, and an

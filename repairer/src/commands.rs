@@ -1,0 +1,82 @@
+//! Commands waiting for nodes: delivered in the reply to the node's next report (an agent needs
+//! only outbound HTTP), and their results, which come back in later reports.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Mutex, PoisonError};
+
+use fleetmend_proto::{CommandResult, NodeCommand};
+
+/// Pending commands per node and the results that came back.
+#[derive(Debug, Default)]
+pub struct CommandQueue {
+    inner: Mutex<QueueState>,
+}
+
+#[derive(Debug, Default)]
+struct QueueState {
+    pending: BTreeMap<String, VecDeque<NodeCommand>>,
+    /// command id → result
+    results: BTreeMap<String, CommandResult>,
+}
+
+impl CommandQueue {
+    pub fn new() -> CommandQueue {
+        CommandQueue::default()
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues `command` for `node` unless a command with the same id is already waiting.
+    pub fn push(&self, node: &str, command: NodeCommand) {
+        let mut state = self.state();
+        let queue = state.pending.entry(node.to_owned()).or_default();
+        if !queue.iter().any(|c| c.id == command.id) {
+            queue.push_back(command);
+        }
+    }
+
+    /// Takes every command waiting for `node` (they travel in the reply to its report).
+    pub fn take(&self, node: &str) -> Vec<NodeCommand> {
+        self.state().pending.remove(node).map(Vec::from).unwrap_or_default()
+    }
+
+    /// Keeps results that arrived in a report.
+    pub fn record_results(&self, results: &[CommandResult]) {
+        let mut state = self.state();
+        for result in results {
+            state.results.insert(result.id.clone(), result.clone());
+        }
+    }
+
+    /// The result of command `id`, once it came back.
+    pub fn result(&self, id: &str) -> Option<CommandResult> {
+        self.state().results.get(id).cloned()
+    }
+
+    /// Forgets a result once its workflow used it.
+    pub fn forget(&self, id: &str) {
+        self.state().results.remove(id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn command(id: &str) -> NodeCommand {
+        NodeCommand { id: id.to_owned(), kind: "deep-check".to_owned(), args: BTreeMap::new() }
+    }
+
+    #[test]
+    fn commands_are_taken_once_and_deduplicated() {
+        let queue = CommandQueue::new();
+        queue.push("n1", command("a"));
+        queue.push("n1", command("a"));
+        queue.push("n1", command("b"));
+        let taken: Vec<String> = queue.take("n1").into_iter().map(|c| c.id).collect();
+        assert_eq!(taken, ["a", "b"]);
+        assert!(queue.take("n1").is_empty());
+    }
+}

@@ -1,0 +1,333 @@
+//! The repairer's vocabulary: node states, actions, tracked findings and audit events.
+
+use std::fmt;
+
+use fleetmend_proto::Finding;
+use serde::{Deserialize, Serialize};
+
+/// A node's place in the repair cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeState {
+    /// Reporting, and no failing finding that a rule acts on.
+    Healthy,
+    /// A failing finding matched a rule; its debounce (observations or duration) is not met yet.
+    Suspect,
+    /// Out of scheduling: jobs on it are asked to checkpoint, then stopped and requeued.
+    Draining,
+    /// Out of scheduling by a `drain` rule; goes back once its findings clear.
+    Drained,
+    /// A reboot or replacement is in progress.
+    Repairing,
+    /// Running the deep health check after a repair; only a pass puts it back.
+    Validating,
+    /// Missed its reports; itself a finding for policy.
+    Unreachable,
+    /// A person must look: escalation exhausted, validation failed, or a lemon.
+    Quarantined,
+    /// Replaced by another node; kept for the record.
+    Retired,
+}
+
+impl NodeState {
+    pub const ALL: [NodeState; 9] = [
+        NodeState::Healthy,
+        NodeState::Suspect,
+        NodeState::Draining,
+        NodeState::Drained,
+        NodeState::Repairing,
+        NodeState::Validating,
+        NodeState::Unreachable,
+        NodeState::Quarantined,
+        NodeState::Retired,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeState::Healthy => "healthy",
+            NodeState::Suspect => "suspect",
+            NodeState::Draining => "draining",
+            NodeState::Drained => "drained",
+            NodeState::Repairing => "repairing",
+            NodeState::Validating => "validating",
+            NodeState::Unreachable => "unreachable",
+            NodeState::Quarantined => "quarantined",
+            NodeState::Retired => "retired",
+        }
+    }
+
+    /// Not available for work: counts against the fleet's unavailable fraction.
+    pub fn is_unavailable(self) -> bool {
+        matches!(
+            self,
+            NodeState::Draining
+                | NodeState::Drained
+                | NodeState::Repairing
+                | NodeState::Validating
+                | NodeState::Unreachable
+                | NodeState::Quarantined
+        )
+    }
+
+    /// Part of the fleet (a retired node is history).
+    pub fn is_member(self) -> bool {
+        self != NodeState::Retired
+    }
+}
+
+impl fmt::Display for NodeState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for NodeState {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        NodeState::ALL
+            .into_iter()
+            .find(|state| state.as_str() == s)
+            .ok_or_else(|| format!("unknown node state {s:?}"))
+    }
+}
+
+/// What a rule asks for when it matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RuleAction {
+    /// Record only.
+    None,
+    /// Send an alert; the node keeps working.
+    Alert,
+    /// Take the node out of scheduling until its findings clear.
+    Drain,
+    /// Drain, reboot, validate, put back.
+    Reboot,
+    /// Drain, replace with a new node, retire this one.
+    Replace,
+}
+
+impl RuleAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RuleAction::None => "none",
+            RuleAction::Alert => "alert",
+            RuleAction::Drain => "drain",
+            RuleAction::Reboot => "reboot",
+            RuleAction::Replace => "replace",
+        }
+    }
+
+    /// How disruptive: the most disruptive matched action wins.
+    pub fn weight(self) -> u8 {
+        match self {
+            RuleAction::None => 0,
+            RuleAction::Alert => 1,
+            RuleAction::Drain => 2,
+            RuleAction::Reboot => 3,
+            RuleAction::Replace => 4,
+        }
+    }
+
+    /// Takes the node out of service (guard rails apply).
+    pub fn is_disruptive(self) -> bool {
+        self.weight() >= RuleAction::Drain.weight()
+    }
+
+    /// A repair that changes the node (reboot, replace), limited by `max_concurrent_repairs`.
+    pub fn is_repair(self) -> bool {
+        matches!(self, RuleAction::Reboot | RuleAction::Replace)
+    }
+}
+
+impl fmt::Display for RuleAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a finding came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FindingSource {
+    /// The node's agent (reports).
+    Agent,
+    /// An Alertmanager webhook.
+    Alertmanager,
+    /// A CloudWatch alarm through SNS.
+    Cloudwatch,
+    /// The repairer itself (a node that stopped reporting).
+    Repairer,
+}
+
+/// A non-ok finding the repairer is tracking on a node, with how long and how often it was seen.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrackedFinding {
+    pub finding: Finding,
+    pub source: FindingSource,
+    /// Unix ms of the first observation in the current run of observations.
+    pub first_seen_ms: u64,
+    pub last_seen_ms: u64,
+    /// Consecutive observations (reports, alert notifications) that carried it.
+    pub observations: u32,
+}
+
+impl TrackedFinding {
+    /// Identity of a finding on a node: check, finding id, subject, and (for event-like findings such
+    /// as Xids) the labels that tell occurrences apart.
+    pub fn key(&self) -> FindingKey {
+        FindingKey::of(&self.finding, self.source)
+    }
+}
+
+/// Identity of a tracked finding on one node.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct FindingKey {
+    pub source: FindingSource,
+    pub check: String,
+    pub finding: String,
+    pub subject: String,
+    /// The `xid` label where present: Xid 79 and Xid 48 on one GPU are two findings.
+    pub discriminator: String,
+}
+
+impl FindingKey {
+    pub fn of(finding: &Finding, source: FindingSource) -> FindingKey {
+        FindingKey {
+            source,
+            check: finding.check.clone(),
+            finding: finding.finding.clone(),
+            subject: finding.subject.clone(),
+            discriminator: finding.labels.get("xid").cloned().unwrap_or_default(),
+        }
+    }
+}
+
+/// Who made a change: a rule, a person (through the API), or the repairer's own machinery.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Actor(pub String);
+
+impl Actor {
+    pub fn rule(name: &str) -> Actor {
+        Actor(format!("rule:{name}"))
+    }
+
+    pub fn person(name: &str) -> Actor {
+        Actor(format!("person:{name}"))
+    }
+
+    pub fn repairer() -> Actor {
+        Actor("repairer".to_owned())
+    }
+}
+
+impl fmt::Display for Actor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What happened, for the audit trail and the alert sinks. Bounded set, used as a metric label
+/// and to filter sinks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EventKind {
+    /// A node appeared (first report, or added by a replacement).
+    NodeJoined,
+    /// A node changed state.
+    StateChanged,
+    /// decide() chose an action (also in dry-run, where nothing else follows).
+    Decision,
+    /// An action was held back by a guard rail (cooldown, concurrency, unavailable fraction,
+    /// breaker) or waits for approval.
+    ActionHeld,
+    /// A person approved a waiting action.
+    Approved,
+    /// A workflow step ran (drain, checkpoint, reboot, replace, validate, undrain) or failed.
+    WorkflowStep,
+    /// A repair finished: repaired, escalated, quarantined or failed.
+    RepairFinished,
+    /// The breaker opened or was closed.
+    Breaker,
+    /// A finding appeared or cleared.
+    Finding,
+    /// An inbound alert endpoint asked for confirmation (SNS SubscriptionConfirmation).
+    Subscription,
+}
+
+impl EventKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::NodeJoined => "node-joined",
+            EventKind::StateChanged => "state-changed",
+            EventKind::Decision => "decision",
+            EventKind::ActionHeld => "action-held",
+            EventKind::Approved => "approved",
+            EventKind::WorkflowStep => "workflow-step",
+            EventKind::RepairFinished => "repair-finished",
+            EventKind::Breaker => "breaker",
+            EventKind::Finding => "finding",
+            EventKind::Subscription => "subscription",
+        }
+    }
+}
+
+/// How much an event matters to whoever is paged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Info,
+    Warning,
+    Critical,
+}
+
+/// One line of the audit trail: what, why, when, by whom. Written before it is acted on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// Increasing id assigned by the store (0 before it is stored).
+    pub id: i64,
+    pub at_ms: u64,
+    pub kind: EventKind,
+    pub severity: Severity,
+    /// The node concerned, if any (breaker events concern the fleet).
+    pub node: Option<String>,
+    pub actor: Actor,
+    pub from_state: Option<NodeState>,
+    pub to_state: Option<NodeState>,
+    pub action: Option<RuleAction>,
+    /// The repair workflow this belongs to.
+    pub workflow: Option<i64>,
+    /// Why, in words.
+    pub reason: String,
+    /// The findings behind it.
+    #[serde(default)]
+    pub findings: Vec<Finding>,
+}
+
+impl Event {
+    /// An event about `node` with no state change, action or findings; fill in with struct update.
+    pub fn new(
+        kind: EventKind,
+        severity: Severity,
+        node: Option<&str>,
+        actor: Actor,
+        reason: impl Into<String>,
+        at_ms: u64,
+    ) -> Event {
+        Event {
+            id: 0,
+            at_ms,
+            kind,
+            severity,
+            node: node.map(str::to_owned),
+            actor,
+            from_state: None,
+            to_state: None,
+            action: None,
+            workflow: None,
+            reason: reason.into(),
+            findings: Vec::new(),
+        }
+    }
+}
