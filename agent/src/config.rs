@@ -28,6 +28,8 @@ pub struct AgentConfig {
     pub report: ReportConfig,
     /// The checks, each with its own schedule.
     pub checks: ChecksConfig,
+    /// Commands the repairer may send: deep checks and reboots.
+    pub commands: CommandsConfig,
 }
 
 impl Default for AgentConfig {
@@ -38,6 +40,7 @@ impl Default for AgentConfig {
             paths: HostPaths::default(),
             report: ReportConfig::default(),
             checks: ChecksConfig::default(),
+            commands: CommandsConfig::default(),
         }
     }
 }
@@ -135,6 +138,93 @@ pub struct ChecksConfig {
     pub nic: NicConfig,
     pub disk: DiskConfig,
     pub host: HostConfig,
+}
+
+/// How the agent carries out the repairer's commands (`[commands]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CommandsConfig {
+    /// What a `reboot` command runs: a program and its arguments, no shell. Empty: reboots are
+    /// refused (the repairer gets a failed result saying so).
+    pub reboot: Vec<String>,
+    /// How long the "reboot started" result may take to reach the repairer before the reboot
+    /// command runs (it runs as soon as the report is delivered), so the repairer knows the node
+    /// is going down on purpose.
+    #[serde(with = "humantime_serde")]
+    pub reboot_delay: Duration,
+    /// Longest the reboot command may run; `systemctl reboot` returns once the reboot is queued.
+    #[serde(with = "humantime_serde")]
+    pub reboot_timeout: Duration,
+    /// Longest a `deep-check` command may take, the checks and every probe together.
+    #[serde(with = "humantime_serde")]
+    pub deep_check_timeout: Duration,
+    /// Active probes a deep check runs after the checks, one at a time in this order (they
+    /// usually load the GPUs or the fabric, so never side by side).
+    pub deep_check_probes: Vec<ProbeConfig>,
+}
+
+impl Default for CommandsConfig {
+    fn default() -> Self {
+        CommandsConfig {
+            reboot: vec!["systemctl".to_owned(), "reboot".to_owned()],
+            reboot_delay: Duration::from_secs(2),
+            reboot_timeout: Duration::from_secs(60),
+            deep_check_timeout: Duration::from_secs(600),
+            deep_check_probes: Vec::new(),
+        }
+    }
+}
+
+/// One active probe of a deep check: a process that passes if and only if it exits 0.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeConfig {
+    /// Names the probe: the `subject` of its `probe_failed` finding.
+    pub name: String,
+    /// The program and its arguments, no shell (e.g. `["dcgmi", "diag", "-r", "2"]`).
+    pub argv: Vec<String>,
+    /// Longest the probe may run; then its whole process group is killed and it fails.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl CommandsConfig {
+    /// Adds every problem of this section, naming `section` (`commands`).
+    pub fn validate(&self, section: &str, problems: &mut ConfigProblems) {
+        if self.reboot.first().is_some_and(String::is_empty) {
+            problems.push(
+                format!("{section}.reboot"),
+                "the program (first element) is empty; use an empty list to refuse reboots",
+            );
+        }
+        for (field, value) in [
+            ("reboot_delay", self.reboot_delay),
+            ("reboot_timeout", self.reboot_timeout),
+            ("deep_check_timeout", self.deep_check_timeout),
+        ] {
+            if value.is_zero() {
+                problems.push(format!("{section}.{field}"), "must be greater than zero");
+            }
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for (i, probe) in self.deep_check_probes.iter().enumerate() {
+            let at = format!("{section}.deep_check_probes[{i}]");
+            if probe.name.trim().is_empty() {
+                problems.push(format!("{at}.name"), "must not be empty");
+            } else if !names.insert(probe.name.as_str()) {
+                problems.push(
+                    format!("{at}.name"),
+                    format!("{:?} names another probe already", probe.name),
+                );
+            }
+            if probe.argv.first().is_none_or(String::is_empty) {
+                problems.push(format!("{at}.argv"), "must name a program to run");
+            }
+            if probe.timeout.is_zero() {
+                problems.push(format!("{at}.timeout"), "must be greater than zero");
+            }
+        }
+    }
 }
 
 /// When a check runs.
@@ -275,6 +365,7 @@ impl AgentConfig {
         checks.nic.validate("checks.nic", &mut problems);
         checks.disk.validate("checks.disk", &mut problems);
         checks.host.validate("checks.host", &mut problems);
+        self.commands.validate("commands", &mut problems);
         problems
     }
 }
@@ -310,6 +401,40 @@ mod tests {
         assert!(fields.contains(&"node"), "{problems}");
         assert!(fields.contains(&"report.repairer"), "{problems}");
         assert!(fields.contains(&"report.interval"), "{problems}");
+    }
+
+    #[test]
+    fn commands_default_to_systemctl_reboot_and_no_probes() {
+        let commands = AgentConfig::parse("").unwrap().commands;
+        assert_eq!(commands.reboot, ["systemctl", "reboot"]);
+        assert_eq!(commands.reboot_delay, Duration::from_secs(2));
+        assert_eq!(commands.deep_check_timeout, Duration::from_secs(600));
+        assert!(commands.deep_check_probes.is_empty());
+    }
+
+    #[test]
+    fn bad_probes_are_refused_naming_the_field() {
+        let config = AgentConfig::parse(
+            "[commands]\nreboot = [\"\"]\ndeep_check_timeout = \"0s\"\n\
+             [[commands.deep_check_probes]]\nname = \"nccl\"\nargv = []\ntimeout = \"0s\"\n\
+             [[commands.deep_check_probes]]\nname = \"nccl\"\nargv = [\"true\"]\ntimeout = \"1s\"\n",
+        )
+        .unwrap();
+        let problems = config.validate();
+        let fields: Vec<&str> = problems.0.iter().map(|p| p.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "commands.reboot",
+                "commands.deep_check_timeout",
+                "commands.deep_check_probes[0].argv",
+                "commands.deep_check_probes[0].timeout",
+                "commands.deep_check_probes[1].name",
+            ],
+            "{problems}"
+        );
+        let refused = AgentConfig::parse("[commands]\nreboot = []\n").unwrap();
+        assert!(refused.validate().is_empty(), "{}", refused.validate());
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use fleetmend_proto::{HealthView, Verdict};
 
 use crate::checks::{self, Mode};
+use crate::commands::Commands;
 use crate::config::AgentConfig;
 use crate::node::NodeIdentity;
 use crate::report::{ReportError, Reporter};
@@ -33,7 +34,8 @@ pub struct RunningAgent {
 
 impl RunningAgent {
     /// Waits until the process is asked to stop (SIGTERM, Ctrl-C) or serving fails. The check
-    /// loops and the reporter never end on their own, so the first task to end is the server.
+    /// loops, the reporter and the command executor never end on their own, so the first task to
+    /// end is the server.
     pub async fn wait(mut self) -> Result<(), AgentError> {
         let first = self.tasks.join_next().await;
         self.tasks.abort_all();
@@ -73,14 +75,23 @@ pub async fn start(config: AgentConfig) -> Result<RunningAgent, AgentError> {
     );
 
     let mut tasks = tokio::task::JoinSet::new();
-    for slot in slots {
-        let (state, paths) = (Arc::clone(&state), Arc::clone(&paths));
+    for slot in &slots {
+        let (state, slot, paths) = (Arc::clone(&state), Arc::clone(slot), Arc::clone(&paths));
         tasks.spawn(async move {
             runner::check_loop(state, slot, paths).await;
             Ok(())
         });
     }
     if let Some(reporter) = reporter {
+        // Commands arrive only in the repairer's replies, so without a repairer there is no
+        // executor. It ends only when the reporter (holding `commands`) does.
+        let (commands, executor) =
+            Commands::new(config.commands.clone(), slots, Arc::clone(&paths), Arc::clone(&state));
+        tasks.spawn(async move {
+            executor.run().await;
+            Ok(())
+        });
+        let reporter = reporter.with_commands(commands);
         let state = Arc::clone(&state);
         tasks.spawn(async move {
             reporter.run(state).await;

@@ -2,6 +2,7 @@
 //! Prometheus metrics and reports findings to the repairer.
 
 pub mod checks;
+pub mod commands;
 pub mod config;
 pub mod daemon;
 pub mod gpu;

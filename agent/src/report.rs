@@ -4,12 +4,16 @@
 //! While the repairer is away the reporter retries with capped exponential backoff and jitter, and
 //! every retry carries the newest state: nothing queues up, so a long outage costs memory for one
 //! report, not one per interval.
+//!
+//! Commands in the repairer's replies go to the agent's [`Commands`]; their results travel in every
+//! report until one carrying them is accepted, and a finished command is reported at once.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use fleetmend_proto::{Finding, Report, ReportReply, ReportTrigger, Verdict, WIRE_VERSION};
 
+use crate::commands::Commands;
 use crate::config::ReportConfig;
 use crate::runner::{AgentState, unix_millis};
 
@@ -33,6 +37,8 @@ pub struct Reporter {
     url: String,
     token: Option<String>,
     config: ReportConfig,
+    /// Where the repairer's commands go; none: they are logged and ignored.
+    commands: Option<Arc<Commands>>,
 }
 
 impl Reporter {
@@ -65,7 +71,14 @@ impl Reporter {
             url: format!("{}/v1/reports", base.trim_end_matches('/')),
             token,
             config: config.clone(),
+            commands: None,
         }))
+    }
+
+    /// Hands the repairer's commands to `commands` and carries their results in reports.
+    pub fn with_commands(mut self, commands: Arc<Commands>) -> Reporter {
+        self.commands = Some(commands);
+        self
     }
 
     /// Sends one report and returns the repairer's reply.
@@ -102,14 +115,17 @@ impl Reporter {
     }
 
     /// Reports until the process ends: a startup report, then one every interval, at once on a
-    /// request, and with backoff while the repairer is away.
+    /// request or when a command finished, and with backoff while the repairer is away.
     pub async fn run(self, state: Arc<AgentState>) {
         let mut seq = 0u64;
         let mut failures = 0u32;
         let mut trigger = ReportTrigger::Startup;
         loop {
             seq += 1;
-            let report = build_report(&state, seq, trigger);
+            let mut report = build_report(&state, seq, trigger);
+            if let Some(commands) = &self.commands {
+                report.command_results = commands.outbox().pending();
+            }
             match self.send(&report).await {
                 Ok(reply) => {
                     if failures > 0 {
@@ -117,13 +133,7 @@ impl Reporter {
                     }
                     failures = 0;
                     state.note_report(true);
-                    for command in reply.commands {
-                        tracing::warn!(
-                            kind = %command.kind,
-                            id = %command.id,
-                            "this agent does not support the command; ignoring it"
-                        );
-                    }
+                    self.take_reply(&report, reply);
                 }
                 Err(err) => {
                     failures = failures.saturating_add(1);
@@ -135,11 +145,43 @@ impl Reporter {
                 tokio::select! {
                     _ = tokio::time::sleep(self.config.interval) => ReportTrigger::Interval,
                     _ = state.report_requested() => ReportTrigger::Event,
+                    _ = self.results_waiting() => ReportTrigger::Command,
                 }
             } else {
                 tokio::time::sleep(self.backoff(failures)).await;
-                ReportTrigger::Interval
+                if self.commands.as_ref().is_some_and(|c| !c.outbox().is_empty()) {
+                    ReportTrigger::Command
+                } else {
+                    ReportTrigger::Interval
+                }
             };
+        }
+    }
+
+    /// The repairer accepted `report`: its command results are delivered; the reply's commands
+    /// are queued in order.
+    fn take_reply(&self, report: &Report, reply: ReportReply) {
+        let Some(commands) = &self.commands else {
+            for command in reply.commands {
+                tracing::warn!(
+                    kind = %command.kind,
+                    id = %command.id,
+                    "this agent takes no commands; ignoring it"
+                );
+            }
+            return;
+        };
+        commands.outbox().delivered(&report.command_results);
+        for command in reply.commands {
+            commands.submit(command);
+        }
+    }
+
+    /// Returns once a command result waits to be sent; never without commands.
+    async fn results_waiting(&self) {
+        match &self.commands {
+            Some(commands) => commands.outbox().ready().await,
+            None => std::future::pending().await,
         }
     }
 }

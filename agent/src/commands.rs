@@ -1,0 +1,714 @@
+//! Commands from the repairer, carried out on the node: `deep-check` and `reboot`.
+//!
+//! Commands arrive in the replies to reports ([`Commands::submit`]) and run one at a time, in
+//! arrival order, on a task of their own ([`CommandExecutor::run`]): a deep check that takes ten
+//! minutes never holds up a report or a scrape. Each result waits in the [`CommandOutbox`] until a
+//! report carrying it is accepted, and its arrival asks the reporter for a report at once.
+//!
+//! A command id is run at most once (the last [`REMEMBERED_IDS`] ids are kept), and every command
+//! gets a result, also an unknown or refused one, so the repairer never waits for nothing.
+
+use std::collections::{HashSet, VecDeque};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use fleetmend_proto::{
+    CommandResult, Finding, NodeCommand, RecommendedAction, Status, Verdict, command_kind,
+};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::time::Instant;
+
+use crate::checks::Observation;
+use crate::config::{CommandsConfig, HostPaths, ProbeConfig};
+use crate::runner::{AgentState, CheckResult, CheckSlot, unix_millis};
+
+/// How many command ids an agent remembers, to run a repeated command only once.
+pub const REMEMBERED_IDS: usize = 256;
+/// Commands that may wait behind the running one; more are refused with a result saying so.
+pub const QUEUE_CAPACITY: usize = 32;
+/// The `check` of the findings a deep check's probes make.
+pub const DEEP_CHECK: &str = "deep_check";
+/// The finding of a probe that did not pass (subject: the probe's name).
+pub const PROBE_FAILED: &str = "probe_failed";
+
+/// Bytes of a process's output kept for a message: enough for the error, bounded for the report.
+const OUTPUT_TAIL_BYTES: usize = 1024;
+/// How long a check that its own loop is running is polled for before a deep check runs it.
+const BUSY_POLL: Duration = Duration::from_millis(50);
+/// After a process ended, how long its output pipes may stay open (a leftover child holding them).
+const OUTPUT_GRACE: Duration = Duration::from_secs(1);
+/// How long a killed process group may take to go away before it is left to the kernel.
+const REAP_GRACE: Duration = Duration::from_secs(5);
+/// Problems named in a deep check's message; the findings list carries them all.
+const MESSAGE_PROBLEMS: usize = 8;
+
+/// Results of finished commands, waiting for a report to carry them.
+#[derive(Debug)]
+pub struct CommandOutbox {
+    pending: Mutex<Vec<CommandResult>>,
+    /// Raised when a result is added: the reporter sends a report at once.
+    ready: Notify,
+    /// Counts accepted reports that carried results, so a command can wait for its own delivery.
+    deliveries: watch::Sender<u64>,
+}
+
+impl Default for CommandOutbox {
+    fn default() -> Self {
+        CommandOutbox {
+            pending: Mutex::new(Vec::new()),
+            ready: Notify::new(),
+            deliveries: watch::Sender::new(0),
+        }
+    }
+}
+
+impl CommandOutbox {
+    fn lock(&self) -> MutexGuard<'_, Vec<CommandResult>> {
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds a result and asks for a report.
+    pub fn push(&self, result: CommandResult) {
+        self.lock().push(result);
+        self.ready.notify_one();
+    }
+
+    /// Every result not yet delivered, oldest first.
+    pub fn pending(&self) -> Vec<CommandResult> {
+        self.lock().clone()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
+    /// A report carrying `sent` was accepted: those results are done. Results added while it was
+    /// on its way stay for the next report.
+    pub fn delivered(&self, sent: &[CommandResult]) {
+        if sent.is_empty() {
+            return;
+        }
+        let mut pending = self.lock();
+        for result in sent {
+            if let Some(at) = pending.iter().position(|p| p == result) {
+                pending.remove(at);
+            }
+        }
+        drop(pending);
+        self.deliveries.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Returns once results are waiting to be sent.
+    pub async fn ready(&self) {
+        loop {
+            self.ready.notified().await;
+            // A result that already left with an earlier report leaves its wake-up behind.
+            if !self.is_empty() {
+                return;
+            }
+        }
+    }
+
+    /// Waits until `result` was delivered, at most `within`; whether it was.
+    pub async fn wait_delivered(&self, result: &CommandResult, within: Duration) -> bool {
+        // Subscribed before looking, so a delivery between the look and the wait is not missed.
+        let mut deliveries = self.deliveries.subscribe();
+        let deadline = Instant::now() + within;
+        loop {
+            if !self.lock().contains(result) {
+                return true;
+            }
+            match tokio::time::timeout_at(deadline, deliveries.changed()).await {
+                Ok(Ok(())) => {}
+                // The sender lives in `self`, so only the deadline ends the wait.
+                Ok(Err(_)) | Err(_) => return false,
+            }
+        }
+    }
+}
+
+/// The last few command ids seen, oldest dropped first.
+#[derive(Debug, Default)]
+struct RecentIds {
+    order: VecDeque<String>,
+    set: HashSet<String>,
+}
+
+impl RecentIds {
+    /// Remembers `id`; false when it was seen before.
+    fn insert(&mut self, id: &str) -> bool {
+        if self.set.contains(id) {
+            return false;
+        }
+        if self.order.len() >= REMEMBERED_IDS
+            && let Some(oldest) = self.order.pop_front()
+        {
+            self.set.remove(&oldest);
+        }
+        self.order.push_back(id.to_owned());
+        self.set.insert(id.to_owned());
+        true
+    }
+
+    /// Forgets `id`, so that the repairer may send it again (it was refused, not run).
+    fn forget(&mut self, id: &str) {
+        if self.set.remove(id) {
+            self.order.retain(|seen| seen != id);
+        }
+    }
+}
+
+/// The reporter's side: takes commands from replies and holds their results for reports.
+#[derive(Debug)]
+pub struct Commands {
+    queue: mpsc::Sender<NodeCommand>,
+    seen: Mutex<RecentIds>,
+    outbox: Arc<CommandOutbox>,
+}
+
+impl Commands {
+    /// The reporter's handle and the executor that runs the commands (spawn
+    /// [`CommandExecutor::run`]). `slots` are the daemon's checks, run by a deep check.
+    pub fn new(
+        config: CommandsConfig,
+        slots: Vec<Arc<CheckSlot>>,
+        paths: Arc<HostPaths>,
+        state: Arc<AgentState>,
+    ) -> (Arc<Commands>, CommandExecutor) {
+        let (queue, receiver) = mpsc::channel(QUEUE_CAPACITY);
+        let outbox = Arc::new(CommandOutbox::default());
+        let executor = CommandExecutor {
+            config,
+            slots,
+            paths,
+            state,
+            outbox: Arc::clone(&outbox),
+            queue: receiver,
+        };
+        let commands = Commands { queue, seen: Mutex::new(RecentIds::default()), outbox };
+        (Arc::new(commands), executor)
+    }
+
+    pub fn outbox(&self) -> &CommandOutbox {
+        &self.outbox
+    }
+
+    /// Queues `command` to run after the ones before it; a repeated id is dropped, and a command
+    /// that cannot run gets its failed result at once.
+    pub fn submit(&self, command: NodeCommand) {
+        if command.id.is_empty() {
+            tracing::warn!(kind = %command.kind, "a command without an id; refusing it");
+            self.outbox.push(result_of(&command, false, "refused: the command has no id"));
+            return;
+        }
+        if !self.seen.lock().unwrap_or_else(PoisonError::into_inner).insert(&command.id) {
+            tracing::info!(id = %command.id, kind = %command.kind, "command seen before; not run again");
+            return;
+        }
+        if !is_supported(&command.kind) {
+            tracing::warn!(id = %command.id, kind = %command.kind, "unsupported command kind");
+            self.outbox.push(unsupported(&command));
+            return;
+        }
+        tracing::info!(id = %command.id, kind = %command.kind, "command queued");
+        let refused = match self.queue.try_send(command) {
+            Ok(()) => return,
+            Err(mpsc::error::TrySendError::Full(command)) => (
+                command,
+                format!("refused: {QUEUE_CAPACITY} commands are already waiting on this agent"),
+            ),
+            Err(mpsc::error::TrySendError::Closed(command)) => {
+                (command, "refused: this agent's command executor has stopped".to_owned())
+            }
+        };
+        let (command, message) = refused;
+        tracing::warn!(id = %command.id, kind = %command.kind, "{message}");
+        self.seen.lock().unwrap_or_else(PoisonError::into_inner).forget(&command.id);
+        self.outbox.push(result_of(&command, false, message));
+    }
+}
+
+fn is_supported(kind: &str) -> bool {
+    kind == command_kind::DEEP_CHECK || kind == command_kind::REBOOT
+}
+
+fn unsupported(command: &NodeCommand) -> CommandResult {
+    result_of(
+        command,
+        false,
+        format!(
+            "unsupported command kind {:?} (this agent runs {:?} and {:?})",
+            command.kind,
+            command_kind::DEEP_CHECK,
+            command_kind::REBOOT
+        ),
+    )
+}
+
+fn result_of(command: &NodeCommand, ok: bool, message: impl Into<String>) -> CommandResult {
+    CommandResult {
+        id: command.id.clone(),
+        kind: command.kind.clone(),
+        ok,
+        message: message.into(),
+        verdict: None,
+        findings: Vec::new(),
+        finished_at_ms: unix_millis(SystemTime::now()),
+    }
+}
+
+/// Runs the queued commands, one at a time.
+#[derive(Debug)]
+pub struct CommandExecutor {
+    config: CommandsConfig,
+    slots: Vec<Arc<CheckSlot>>,
+    paths: Arc<HostPaths>,
+    state: Arc<AgentState>,
+    outbox: Arc<CommandOutbox>,
+    queue: mpsc::Receiver<NodeCommand>,
+}
+
+impl CommandExecutor {
+    /// Runs commands until the [`Commands`] handle is dropped.
+    pub async fn run(mut self) {
+        while let Some(command) = self.queue.recv().await {
+            tracing::info!(id = %command.id, kind = %command.kind, "running command");
+            match command.kind.as_str() {
+                command_kind::DEEP_CHECK => {
+                    let result = self.deep_check(&command).await;
+                    tracing::info!(id = %command.id, ok = result.ok, "{}", result.message);
+                    self.outbox.push(result);
+                }
+                command_kind::REBOOT => self.reboot(&command).await,
+                // `submit` answers these itself; kept so no command ever goes unanswered.
+                _ => self.outbox.push(unsupported(&command)),
+            }
+        }
+    }
+
+    /// Every enabled check once, now, then every probe in turn, all within `deep_check_timeout`.
+    async fn deep_check(&self, command: &NodeCommand) -> CommandResult {
+        let started = Instant::now();
+        let budget = self.config.deep_check_timeout;
+        let deadline = started + budget;
+
+        let mut runs = tokio::task::JoinSet::new();
+        for (index, slot) in self.slots.iter().enumerate() {
+            let (slot, paths) = (Arc::clone(slot), Arc::clone(&self.paths));
+            runs.spawn(
+                async move { (index, run_check_now(&slot, &paths, deadline, budget).await) },
+            );
+        }
+        let mut checks: Vec<Option<(CheckResult, bool)>> = vec![None; self.slots.len()];
+        while let Some(joined) = runs.join_next().await {
+            // A join error is a cancelled runtime; that check is then simply missing.
+            if let Ok((index, run)) = joined {
+                checks[index] = Some(run);
+            }
+        }
+        let mut findings = Vec::new();
+        let mut changed = false;
+        for (result, fresh) in checks.into_iter().flatten() {
+            findings.extend(result.observation.findings.iter().cloned());
+            if fresh {
+                changed |= self.state.record(result);
+            }
+        }
+        if changed {
+            self.state.request_report();
+        }
+
+        let mut probes_failed = 0usize;
+        for probe in &self.config.deep_check_probes {
+            if let Some(failure) = self.run_probe(probe, deadline, budget).await {
+                probes_failed += 1;
+                findings.push(failure);
+            }
+        }
+
+        let verdict = Verdict::of(&findings);
+        let ok = verdict != Verdict::Unhealthy && probes_failed == 0;
+        let problems: Vec<Finding> =
+            findings.into_iter().filter(|f| f.status != Status::Ok).collect();
+        let mut message = format!(
+            "{verdict}: {} checks and {} probes ({probes_failed} failed) in {}",
+            self.slots.len(),
+            self.config.deep_check_probes.len(),
+            short_duration(started.elapsed()),
+        );
+        if !problems.is_empty() {
+            let named: Vec<String> = problems
+                .iter()
+                .take(MESSAGE_PROBLEMS)
+                .map(|f| {
+                    let subject = if f.subject.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" {}", f.subject)
+                    };
+                    format!("{}/{}{subject} ({})", f.check, f.finding, f.status)
+                })
+                .collect();
+            message.push_str(&format!("; {} not ok: {}", problems.len(), named.join(", ")));
+            if problems.len() > MESSAGE_PROBLEMS {
+                message.push_str(&format!(", and {} more", problems.len() - MESSAGE_PROBLEMS));
+            }
+        }
+        CommandResult {
+            verdict: Some(verdict),
+            findings: problems,
+            ..result_of(command, ok, message)
+        }
+    }
+
+    /// Runs one probe within what is left of the deep check; its failure finding, if it failed.
+    async fn run_probe(
+        &self,
+        probe: &ProbeConfig,
+        deadline: Instant,
+        budget: Duration,
+    ) -> Option<Finding> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let failed = |message: String| {
+            Finding::new(
+                DEEP_CHECK,
+                PROBE_FAILED,
+                probe.name.clone(),
+                Status::Fail,
+                RecommendedAction::Drain,
+                message,
+            )
+        };
+        if left.is_zero() {
+            return Some(failed(format!(
+                "probe {} not run: the deep check's {} (commands.deep_check_timeout) ran out",
+                probe.name,
+                short_duration(budget)
+            )));
+        }
+        let run = run_process(&probe.argv, probe.timeout.min(left)).await;
+        tracing::info!(probe = %probe.name, passed = run.passed(), "deep-check probe {}", run.describe());
+        if run.passed() {
+            return None;
+        }
+        let mut message =
+            format!("probe {} (`{}`) {}", probe.name, probe.argv.join(" "), run.describe());
+        if matches!(run.end, ProcessEnd::TimedOut) && probe.timeout > left {
+            message.push_str(" (the deep check's time ran out)");
+        }
+        Some(failed(message).with_value(run.duration.as_secs_f64()))
+    }
+
+    /// Says "reboot started", lets that reach the repairer, then runs the reboot command.
+    async fn reboot(&self, command: &NodeCommand) {
+        let argv = &self.config.reboot;
+        if argv.is_empty() {
+            tracing::warn!(id = %command.id, "reboot refused: commands.reboot is empty");
+            self.outbox.push(result_of(
+                command,
+                false,
+                "reboot refused: this agent's commands.reboot is empty",
+            ));
+            return;
+        }
+        let started = result_of(command, true, "reboot started");
+        self.outbox.push(started.clone());
+        let delivered = self.outbox.wait_delivered(&started, self.config.reboot_delay).await;
+        tracing::warn!(id = %command.id, delivered, argv = ?argv, "rebooting the node");
+        let run = run_process(argv, self.config.reboot_timeout).await;
+        if run.passed() {
+            tracing::warn!(id = %command.id, "the reboot command {}", run.describe());
+            return;
+        }
+        let message = format!("reboot command `{}` {}", argv.join(" "), run.describe());
+        tracing::error!(id = %command.id, "{message}");
+        self.outbox.push(result_of(command, false, message));
+    }
+}
+
+/// Runs `slot` now. While its own loop is running it, waits for that run to end first (polling,
+/// within `deadline`). The flag says whether the result is a fresh run worth recording.
+async fn run_check_now(
+    slot: &CheckSlot,
+    paths: &Arc<HostPaths>,
+    deadline: Instant,
+    budget: Duration,
+) -> (CheckResult, bool) {
+    loop {
+        let attempt = std::time::Instant::now();
+        let Ok(result) = tokio::time::timeout_at(deadline, slot.run(paths)).await else {
+            return (out_of_time(slot.name(), budget), false);
+        };
+        // `CheckSlot::run` answers a slot that is still busy at once with a timed-out result that
+        // claims the full timeout; a real timeout never comes back sooner than it claims.
+        let busy = result.timed_out && attempt.elapsed() < result.duration;
+        if !busy {
+            return (result, true);
+        }
+        if Instant::now() + BUSY_POLL >= deadline {
+            return (result, false);
+        }
+        tokio::time::sleep(BUSY_POLL).await;
+    }
+}
+
+fn out_of_time(check: &'static str, budget: Duration) -> CheckResult {
+    let finding = Finding::new(
+        check,
+        "check_timeout",
+        "",
+        Status::Unknown,
+        RecommendedAction::None,
+        format!(
+            "the {check} check did not finish within the deep check's {} (commands.deep_check_timeout)",
+            short_duration(budget)
+        ),
+    );
+    CheckResult {
+        check,
+        observation: Observation { findings: vec![finding], samples: Vec::new() },
+        duration: budget,
+        timed_out: true,
+        finished_at: SystemTime::now(),
+    }
+}
+
+/// How a process run by a command ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProcessEnd {
+    /// It exited with this status.
+    Exited(i32),
+    /// A signal ended it.
+    Signalled(i32),
+    /// It ran past its timeout; its process group was killed.
+    TimedOut,
+    /// It could not be started (or waited for): why.
+    NotStarted(String),
+}
+
+/// One run of a probe or of the reboot command.
+#[derive(Debug, Clone)]
+pub struct ProcessRun {
+    pub end: ProcessEnd,
+    /// The timeout for a run that timed out.
+    pub duration: Duration,
+    /// The end of its stderr, or of its stdout when stderr was empty; trimmed.
+    pub output_tail: String,
+}
+
+impl ProcessRun {
+    /// Exit status 0.
+    pub fn passed(&self) -> bool {
+        self.end == ProcessEnd::Exited(0)
+    }
+
+    /// "exited with status 1 after 2.1s: <output>", "timed out after 10s; ...", ...
+    pub fn describe(&self) -> String {
+        let took = short_duration(self.duration);
+        let mut text = match &self.end {
+            ProcessEnd::Exited(code) => format!("exited with status {code} after {took}"),
+            ProcessEnd::Signalled(signal) => format!("was killed by signal {signal} after {took}"),
+            ProcessEnd::TimedOut => {
+                format!("timed out after {took}; its process group was killed")
+            }
+            ProcessEnd::NotStarted(why) => format!("could not run: {why}"),
+        };
+        if !self.output_tail.is_empty() {
+            text.push_str(": ");
+            text.push_str(&self.output_tail);
+        }
+        text
+    }
+}
+
+/// Runs `argv` (no shell) in a process group of its own, at most `timeout`; on a timeout the whole
+/// group is killed, so a probe's helpers do not outlive it.
+pub async fn run_process(argv: &[String], timeout: Duration) -> ProcessRun {
+    let started = Instant::now();
+    let not_started = |why: String| ProcessRun {
+        end: ProcessEnd::NotStarted(why),
+        duration: started.elapsed(),
+        output_tail: String::new(),
+    };
+    let Some((program, args)) = argv.split_first() else {
+        return not_started("no program given".to_owned());
+    };
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(err) => return not_started(format!("starting {program}: {err}")),
+    };
+    let mut group = ProcessGroup(child.id().and_then(|pid| i32::try_from(pid).ok()));
+    let stdout = child.stdout.take().map(|pipe| tokio::spawn(read_tail(pipe)));
+    let stderr = child.stderr.take().map(|pipe| tokio::spawn(read_tail(pipe)));
+
+    let end = match tokio::time::timeout(timeout, child.wait()).await {
+        Ok(Ok(status)) => {
+            group.disarm();
+            use std::os::unix::process::ExitStatusExt;
+            match (status.code(), status.signal()) {
+                (Some(code), _) => ProcessEnd::Exited(code),
+                (None, Some(signal)) => ProcessEnd::Signalled(signal),
+                (None, None) => ProcessEnd::NotStarted(format!("ended oddly: {status}")),
+            }
+        }
+        Ok(Err(err)) => {
+            group.kill();
+            ProcessEnd::NotStarted(format!("waiting for {program}: {err}"))
+        }
+        Err(_elapsed) => {
+            group.kill();
+            // Reaps it; SIGKILL cannot be ignored, but a process in uninterruptible sleep (a hung
+            // driver call) may take its time, and the wait for it is bounded too.
+            let _ = tokio::time::timeout(REAP_GRACE, child.wait()).await;
+            ProcessEnd::TimedOut
+        }
+    };
+    let duration = if end == ProcessEnd::TimedOut { timeout } else { started.elapsed() };
+    let stderr = collect_tail(stderr).await;
+    let stdout = collect_tail(stdout).await;
+    let output_tail = if stderr.is_empty() { stdout } else { stderr };
+    ProcessRun { end, duration, output_tail }
+}
+
+/// Kills a process group when told to, or when dropped still armed (a cancelled run).
+struct ProcessGroup(Option<i32>);
+
+impl ProcessGroup {
+    fn kill(&mut self) {
+        if let Some(pgid) = self.0.take() {
+            let pgid = nix::unistd::Pid::from_raw(pgid);
+            if let Err(err) = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL)
+                && err != nix::errno::Errno::ESRCH
+            {
+                tracing::warn!(pgid = %pgid, error = %err, "cannot kill a command's process group");
+            }
+        }
+    }
+
+    /// The leader ended by itself: nothing to kill.
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Reads a pipe to its end, keeping only the last [`OUTPUT_TAIL_BYTES`].
+async fn read_tail(mut pipe: impl AsyncRead + Unpin) -> Vec<u8> {
+    let mut tail = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match pipe.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                tail.extend_from_slice(&chunk[..n]);
+                if tail.len() > 2 * OUTPUT_TAIL_BYTES {
+                    tail.drain(..tail.len() - OUTPUT_TAIL_BYTES);
+                }
+            }
+        }
+    }
+    if tail.len() > OUTPUT_TAIL_BYTES {
+        tail.drain(..tail.len() - OUTPUT_TAIL_BYTES);
+    }
+    tail
+}
+
+/// The tail a reader collected, waiting briefly: a leftover child of the process may hold the
+/// pipe open forever.
+async fn collect_tail(reader: Option<tokio::task::JoinHandle<Vec<u8>>>) -> String {
+    let Some(mut reader) = reader else {
+        return String::new();
+    };
+    match tokio::time::timeout(OUTPUT_GRACE, &mut reader).await {
+        Ok(Ok(bytes)) => String::from_utf8_lossy(&bytes).trim().to_owned(),
+        Ok(Err(_)) => String::new(),
+        Err(_) => {
+            reader.abort();
+            String::new()
+        }
+    }
+}
+
+/// A duration for a message: whole seconds above ten seconds, milliseconds below.
+fn short_duration(duration: Duration) -> String {
+    let rounded = if duration >= Duration::from_secs(10) {
+        Duration::from_secs(duration.as_secs())
+    } else {
+        Duration::from_millis(duration.as_millis() as u64)
+    };
+    humantime::format_duration(rounded).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn command(id: &str, kind: &str) -> NodeCommand {
+        NodeCommand { id: id.to_owned(), kind: kind.to_owned(), args: Default::default() }
+    }
+
+    #[test]
+    fn recent_ids_forget_the_oldest_beyond_the_limit() {
+        let mut ids = RecentIds::default();
+        assert!(ids.insert("a"));
+        assert!(!ids.insert("a"));
+        for i in 0..REMEMBERED_IDS {
+            assert!(ids.insert(&format!("x{i}")));
+        }
+        assert!(ids.insert("a"), "the oldest id should have been forgotten");
+        assert_eq!(ids.order.len(), REMEMBERED_IDS);
+        assert_eq!(ids.set.len(), REMEMBERED_IDS);
+        ids.forget("a");
+        assert!(ids.insert("a"));
+    }
+
+    #[test]
+    fn delivered_removes_only_what_was_sent() {
+        let outbox = CommandOutbox::default();
+        let first = result_of(&command("r1", "reboot"), true, "reboot started");
+        outbox.push(first.clone());
+        let sent = outbox.pending();
+        let second = result_of(&command("r1", "reboot"), false, "reboot command failed");
+        outbox.push(second.clone());
+        outbox.delivered(&sent);
+        assert_eq!(outbox.pending(), [second]);
+    }
+
+    #[tokio::test]
+    async fn waiting_for_delivery_ends_on_delivery_or_deadline() {
+        let outbox = Arc::new(CommandOutbox::default());
+        let result = result_of(&command("r1", "reboot"), true, "reboot started");
+        outbox.push(result.clone());
+        assert!(!outbox.wait_delivered(&result, Duration::from_millis(20)).await);
+        let deliverer = Arc::clone(&outbox);
+        let sent = outbox.pending();
+        tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            deliverer.delivered(&sent);
+        });
+        assert!(outbox.wait_delivered(&result, Duration::from_secs(10)).await);
+    }
+
+    #[test]
+    fn output_tail_keeps_the_end() {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let data: Vec<u8> = (0..10_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+        let tail = runtime.block_on(read_tail(&data[..]));
+        assert_eq!(tail, &data[data.len() - OUTPUT_TAIL_BYTES..]);
+    }
+}
