@@ -4,6 +4,7 @@
 pub mod alerts;
 pub mod commands;
 pub mod engine;
+pub mod inbound;
 pub mod model;
 pub mod policy;
 pub mod provider;
