@@ -2,6 +2,13 @@
 //! Backends: `agent` (the node's own agent runs its reboot command), `command` (templated shell
 //! commands), `redfish` (the node's BMC) and, for local fleets, `local`.
 
+pub mod agent;
+pub mod command;
+pub mod config;
+pub mod redfish;
+
+pub use config::{ConfigProblem, ProviderBuildError, ProviderConfig, ProviderDeps, build};
+
 use crate::scheduler::BoxFuture;
 
 /// A node's power as its provider sees it.
@@ -37,4 +44,80 @@ pub trait Provider: Send + Sync {
     /// The node's power state.
     fn power_state<'a>(&'a self, node: &'a str)
     -> BoxFuture<'a, Result<PowerState, ProviderError>>;
+}
+
+/// Why a node name cannot stand in for `{node}` in a command or a URL.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("node name {node:?} cannot be substituted safely: {reason}")]
+pub struct UnsafeNodeName {
+    pub node: String,
+    pub reason: &'static str,
+}
+
+/// The longest node name substituted into a template (a DNS name's limit).
+const MAX_SUBSTITUTED_NODE_NAME: usize = 253;
+
+/// Checks that `node` can replace `{node}` in a command line, a `sh -c` string or a URL without
+/// changing its meaning: ASCII letters, digits, `-`, `.` and `_`, not starting with `-` (it would
+/// read as an option) or `.`. Names come from agents' reports, so they are input, not config.
+pub fn check_substitutable_node_name(node: &str) -> Result<(), UnsafeNodeName> {
+    let refuse = |reason| Err(UnsafeNodeName { node: node.to_owned(), reason });
+    if node.is_empty() {
+        return refuse("it is empty");
+    }
+    if node.len() > MAX_SUBSTITUTED_NODE_NAME {
+        return refuse("it is longer than 253 characters");
+    }
+    if node.starts_with('-') {
+        return refuse("it starts with '-' and would read as an option");
+    }
+    if node.starts_with('.') {
+        return refuse("it starts with '.'");
+    }
+    if !node.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_')) {
+        return refuse(
+            "only ASCII letters, digits, '-', '.' and '_' are allowed (no whitespace, quotes, \
+             slashes or shell metacharacters)",
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ordinary_node_names_are_substitutable() {
+        for node in ["node1", "gpu-a100-017", "rack3.node_12", "N9"] {
+            assert_eq!(check_substitutable_node_name(node), Ok(()), "{node}");
+        }
+    }
+
+    #[test]
+    fn names_that_would_change_a_command_are_refused() {
+        for node in [
+            "",
+            "node 1",
+            "node\t1",
+            "node;reboot",
+            "n$(id)",
+            "n`id`",
+            "n'1",
+            "n\"1",
+            "n|x",
+            "n&x",
+            "n>x",
+            "a/b",
+            "-rf",
+            "..",
+            "n?x",
+            "n#x",
+            "n\u{e9}",
+        ] {
+            let refused = check_substitutable_node_name(node);
+            assert!(refused.is_err(), "{node:?} was accepted");
+        }
+        assert!(check_substitutable_node_name(&"a".repeat(254)).is_err());
+    }
 }
