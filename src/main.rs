@@ -32,6 +32,96 @@ enum LogFormat {
 enum Verb {
     /// The node agent: runs checks, serves /metrics, reports to the repairer.
     Agent(AgentArgs),
+    /// The repairer: node state, policy, repairs, alerts, the API (one per cluster).
+    Repairer(RepairerArgs),
+    /// List nodes and their states.
+    Nodes(ClientArgs),
+    /// Show one node: findings, history, workflows, recent events.
+    Node {
+        #[command(flatten)]
+        client: ClientArgs,
+        name: String,
+    },
+    /// The audit trail.
+    Events {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// Only this node's events.
+        #[arg(long)]
+        node: Option<String>,
+        /// Events after this id.
+        #[arg(long, default_value_t = 0)]
+        after: i64,
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Drain a node (fleetmend may undrain it later).
+    Drain(NodeArgs),
+    /// Put a drained or quarantined node back (only one fleetmend drained).
+    Undrain(NodeArgs),
+    /// Start a repair of a node now.
+    Repair {
+        #[command(flatten)]
+        node: NodeArgs,
+        /// drain, reboot or replace.
+        #[arg(long, default_value = "reboot")]
+        action: String,
+    },
+    /// Approve the action waiting on a node (approve mode).
+    Approve {
+        #[command(flatten)]
+        node: NodeArgs,
+        /// Approve at most this action (default: whatever waits).
+        #[arg(long)]
+        action: Option<String>,
+    },
+    /// Show the breaker, or close it.
+    Breaker {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// Close the breaker: automatic action resumes.
+        #[arg(long)]
+        close: bool,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct RepairerArgs {
+    /// Config file (TOML).
+    #[arg(long, short = 'c', env = "FLEETMEND_REPAIRER_CONFIG")]
+    config: Option<PathBuf>,
+    /// Validate FILE and exit: 0 valid, 2 with every problem listed.
+    #[arg(long, value_name = "FILE", conflicts_with = "config")]
+    check_config: Option<PathBuf>,
+    /// Listen address (overrides `listen`).
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    /// SQLite store path (overrides `store`).
+    #[arg(long)]
+    store: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+struct ClientArgs {
+    /// The repairer's base URL.
+    #[arg(long, env = "FLEETMEND_REPAIRER", default_value = "http://127.0.0.1:9830")]
+    repairer: String,
+    /// Admin bearer token.
+    #[arg(long, env = "FLEETMEND_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Who you are, for the audit trail.
+    #[arg(long, env = "USER", default_value = "admin")]
+    user: String,
+    #[arg(long, value_enum, default_value_t = Output::Table)]
+    output: Output,
+}
+
+#[derive(Debug, clap::Args)]
+struct NodeArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    /// The node.
+    name: String,
 }
 
 #[derive(Debug, clap::Args)]
@@ -92,6 +182,200 @@ fn main() -> ExitCode {
     init_logging(cli.log_format);
     match cli.verb {
         Verb::Agent(args) => agent(args),
+        Verb::Repairer(args) => repairer(args),
+        verb => client(verb),
+    }
+}
+
+fn multi_thread_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(
+        |err| {
+            eprintln!("starting the runtime: {err}");
+            ExitCode::from(EXIT_CANNOT_RUN)
+        },
+    )
+}
+
+fn repairer(args: RepairerArgs) -> ExitCode {
+    use fleetmend_repairer::config::RepairerConfig;
+    if let Some(path) = &args.check_config {
+        return match RepairerConfig::load(path) {
+            Ok(_) => {
+                println!("{}: valid", path.display());
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("{err}");
+                ExitCode::from(EXIT_CANNOT_RUN)
+            }
+        };
+    }
+    let (text, source) = match &args.config {
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(text) => (text, path.clone()),
+            Err(err) => {
+                eprintln!("reading config {}: {err}", path.display());
+                return ExitCode::from(EXIT_CANNOT_RUN);
+            }
+        },
+        None => (String::new(), PathBuf::from("<defaults and flags>")),
+    };
+    let mut config = match RepairerConfig::parse(&text) {
+        Ok(config) => config,
+        Err(message) => {
+            eprintln!("parsing config {}: {message}", source.display());
+            return ExitCode::from(EXIT_CANNOT_RUN);
+        }
+    };
+    if let Some(listen) = args.listen {
+        config.listen = listen;
+    }
+    if let Some(store) = &args.store {
+        config.store = store.clone();
+    }
+    let config = match config.validated(&source) {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("{err}");
+            return ExitCode::from(EXIT_CANNOT_RUN);
+        }
+    };
+    let runtime = match multi_thread_runtime() {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    let result = runtime.block_on(async {
+        let repairer = fleetmend_repairer::service::start(config, shutdown_signal()).await?;
+        repairer.wait().await
+    });
+    runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("fleetmend repairer: {err}");
+            ExitCode::from(EXIT_CANNOT_RUN)
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let mut terminate =
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            }
+        };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
+}
+
+fn parse_action(text: &str) -> Result<fleetmend_repairer::model::RuleAction, String> {
+    use fleetmend_repairer::model::RuleAction;
+    match text {
+        "drain" => Ok(RuleAction::Drain),
+        "reboot" => Ok(RuleAction::Reboot),
+        "replace" => Ok(RuleAction::Replace),
+        other => Err(format!("unknown action {other:?}: drain, reboot or replace")),
+    }
+}
+
+/// The client verbs: one request to the repairer's admin API, printed as a table or JSON.
+fn client(verb: Verb) -> ExitCode {
+    use fleetmend_repairer::client::{Client, events_table, nodes_table};
+    let args = match &verb {
+        Verb::Nodes(client)
+        | Verb::Node { client, .. }
+        | Verb::Events { client, .. }
+        | Verb::Breaker { client, .. } => client.clone(),
+        Verb::Drain(node)
+        | Verb::Undrain(node)
+        | Verb::Repair { node, .. }
+        | Verb::Approve { node, .. } => node.client.clone(),
+        Verb::Agent(_) | Verb::Repairer(_) => return ExitCode::from(EXIT_CANNOT_RUN),
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("starting the runtime: {err}");
+            return ExitCode::from(EXIT_CANNOT_RUN);
+        }
+    };
+    let result: Result<String, String> = runtime.block_on(async {
+        let client = Client::new(
+            &args.repairer,
+            args.token.clone(),
+            &args.user,
+            std::time::Duration::from_secs(30),
+        )
+        .map_err(|e| e.to_string())?;
+        let json = args.output == Output::Json;
+        let show =
+            |value: serde_json::Value| serde_json::to_string_pretty(&value).unwrap_or_default();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        Ok(match verb {
+            Verb::Nodes(_) => {
+                let nodes = client.nodes().await.map_err(|e| e.to_string())?;
+                if json {
+                    show(serde_json::to_value(&nodes).unwrap_or_default())
+                } else {
+                    nodes_table(&nodes, now)
+                }
+            }
+            Verb::Node { name, .. } => show(
+                serde_json::to_value(client.node(&name).await.map_err(|e| e.to_string())?)
+                    .unwrap_or_default(),
+            ),
+            Verb::Events { node, after, limit, .. } => {
+                let events = client
+                    .events(after, node.as_deref(), limit)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if json {
+                    show(serde_json::to_value(&events).unwrap_or_default())
+                } else {
+                    events_table(&events)
+                }
+            }
+            Verb::Drain(node) => show(client.drain(&node.name).await.map_err(|e| e.to_string())?),
+            Verb::Undrain(node) => {
+                show(client.undrain(&node.name).await.map_err(|e| e.to_string())?)
+            }
+            Verb::Repair { node, action } => {
+                let action = parse_action(&action)?;
+                show(client.repair(&node.name, action).await.map_err(|e| e.to_string())?)
+            }
+            Verb::Approve { node, action } => {
+                let action = action.as_deref().map(parse_action).transpose()?;
+                show(client.approve(&node.name, action).await.map_err(|e| e.to_string())?)
+            }
+            Verb::Breaker { close, .. } => {
+                let state =
+                    if close { client.close_breaker().await } else { client.breaker().await }
+                        .map_err(|e| e.to_string())?;
+                show(serde_json::to_value(&state).unwrap_or_default())
+            }
+            Verb::Agent(_) | Verb::Repairer(_) => String::new(),
+        })
+    });
+    match result {
+        Ok(text) => {
+            print!("{text}");
+            if !text.ends_with('\n') {
+                println!();
+            }
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("fleetmend: {err}");
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
 use crate::commands::CommandQueue;
+use crate::metrics::Histogram;
 use crate::model::{
     Actor, Event, EventKind, FindingKey, FindingSource, NodeState, RuleAction, Severity,
     TrackedFinding,
@@ -135,14 +136,26 @@ pub enum EngineError {
 }
 
 /// Counters for `/metrics`.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct EngineCounters {
     pub reports_ok: AtomicU64,
     pub decisions: Mutex<BTreeMap<(String, String), u64>>,
     pub repairs: Mutex<BTreeMap<(String, String), u64>>,
     /// Seconds from the first failing finding to the drain call, and to the end of a repair.
-    pub time_to_drain: Mutex<Vec<f64>>,
-    pub time_to_repair: Mutex<Vec<f64>>,
+    pub time_to_drain: Mutex<Histogram>,
+    pub time_to_repair: Mutex<Histogram>,
+}
+
+impl Default for EngineCounters {
+    fn default() -> Self {
+        EngineCounters {
+            reports_ok: AtomicU64::new(0),
+            decisions: Mutex::default(),
+            repairs: Mutex::default(),
+            time_to_drain: Mutex::new(Histogram::new(crate::metrics::DRAIN_BUCKETS)),
+            time_to_repair: Mutex::new(Histogram::new(crate::metrics::REPAIR_BUCKETS)),
+        }
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -2,12 +2,18 @@
 //! behind guard rails that keep a bad day from getting worse.
 
 pub mod alerts;
+pub mod api;
+pub mod client;
 pub mod commands;
+pub mod config;
 pub mod engine;
 pub mod inbound;
+pub mod metrics;
 pub mod model;
+pub mod openapi;
 pub mod policy;
 pub mod provider;
 pub mod scheduler;
+pub mod service;
 pub mod store;
 pub mod workflow;

@@ -326,7 +326,9 @@ async fn step(engine: &Arc<Engine>, wf: &mut Workflow) -> Next {
                     .counters
                     .time_to_drain
                     .lock()
-                    .map(|mut v| v.push(now.saturating_sub(wf.fault_since_ms) as f64 / 1000.0))
+                    .map(|mut h| {
+                        h.observe(now_ms().saturating_sub(wf.fault_since_ms) as f64 / 1000.0)
+                    })
                     .ok();
             }
             Next::Step(Step::Checkpoint)
@@ -631,7 +633,7 @@ fn finish(engine: &Arc<Engine>, wf: &mut Workflow, outcome: Outcome, now: u64) {
             .counters
             .time_to_repair
             .lock()
-            .map(|mut v| v.push(now.saturating_sub(wf.fault_since_ms) as f64 / 1000.0))
+            .map(|mut h| h.observe(now_ms().saturating_sub(wf.fault_since_ms) as f64 / 1000.0))
             .ok();
     }
     if wf.action.is_repair() || outcome == Outcome::Quarantined {

@@ -1,0 +1,456 @@
+//! The repairer's HTTP surface: agent reports, inbound alert webhooks, the admin API, `/metrics`.
+//!
+//! Agents and alert sources authenticate with bearer tokens, people with the admin token. Bodies
+//! are size-limited; a malformed or unauthenticated request gets a 4xx naming what is wrong, is
+//! counted, and changes nothing.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use fleetmend_proto::{Report, WIRE_VERSION};
+use serde::{Deserialize, Serialize};
+
+use crate::alerts::Alerts;
+use crate::config::Tokens;
+use crate::engine::{Engine, EngineError, NodeRecord, now_ms};
+use crate::inbound::{self, InboundConfig, SnsMessage};
+use crate::model::{Actor, Event, EventKind, FindingSource, RuleAction, Severity};
+use crate::workflow::Workflow;
+
+/// Shared state of the handlers.
+pub struct ApiState {
+    pub engine: Arc<Engine>,
+    pub alerts: Option<Arc<Alerts>>,
+    pub tokens: Tokens,
+    pub inbound: InboundConfig,
+    pub max_body_bytes: usize,
+    /// `fleetmend_reports_received_total{outcome}`.
+    pub reports: ReportCounters,
+    /// SNS subscription confirmations waiting for an operator.
+    pub subscriptions: Mutex<Vec<Subscription>>,
+}
+
+impl std::fmt::Debug for ApiState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiState").finish_non_exhaustive()
+    }
+}
+
+/// Reports by outcome.
+#[derive(Debug, Default)]
+pub struct ReportCounters {
+    pub ok: AtomicU64,
+    pub malformed: AtomicU64,
+    pub unauthorized: AtomicU64,
+    pub failed: AtomicU64,
+}
+
+/// An SNS subscription the operator must confirm (the repairer never fetches URLs itself).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Subscription {
+    pub topic_arn: String,
+    pub subscribe_url: String,
+    pub received_ms: u64,
+}
+
+/// An error answer: a status and a sentence.
+#[derive(Debug)]
+pub struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, axum::Json(serde_json::json!({ "error": self.1 }))).into_response()
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(err: EngineError) -> ApiError {
+        let status = match &err {
+            EngineError::UnknownNode(_) => StatusCode::NOT_FOUND,
+            EngineError::Refused(_) => StatusCode::CONFLICT,
+            EngineError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError(status, err.to_string())
+    }
+}
+
+fn bad_request(message: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, message.into())
+}
+
+/// Checks `Authorization: Bearer <token>` (or `?token=` where allowed) against `expected`; no
+/// expected token means none is required (loopback or `insecure`).
+fn authorize(
+    headers: &HeaderMap,
+    query_token: Option<&str>,
+    expected: &Option<String>,
+) -> Result<(), ApiError> {
+    let Some(expected) = expected else { return Ok(()) };
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .or(query_token);
+    match presented {
+        Some(token) if constant_time_eq(token.as_bytes(), expected.as_bytes()) => Ok(()),
+        Some(_) => Err(ApiError(StatusCode::UNAUTHORIZED, "wrong bearer token".to_owned())),
+        None => Err(ApiError(StatusCode::UNAUTHORIZED, "a bearer token is required".to_owned())),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn person(headers: &HeaderMap) -> String {
+    headers
+        .get("x-fleetmend-user")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 64 && v.chars().all(|c| c.is_ascii_graphic()))
+        .unwrap_or("admin")
+        .to_owned()
+}
+
+pub fn router(state: Arc<ApiState>) -> Router {
+    let limit = state.max_body_bytes;
+    Router::new()
+        .route("/v1/reports", post(report))
+        .route("/v1/alerts/alertmanager", post(alertmanager))
+        .route("/v1/alerts/cloudwatch", post(cloudwatch))
+        .route("/v1/nodes", get(list_nodes))
+        .route("/v1/nodes/{name}", get(node_detail))
+        .route("/v1/nodes/{name}/drain", post(drain))
+        .route("/v1/nodes/{name}/undrain", post(undrain))
+        .route("/v1/nodes/{name}/repair", post(repair))
+        .route("/v1/nodes/{name}/approve", post(approve))
+        .route("/v1/events", get(events))
+        .route("/v1/breaker", get(breaker))
+        .route("/v1/breaker/close", post(close_breaker))
+        .route("/v1/subscriptions", get(subscriptions))
+        .route("/v1/openapi.json", get(openapi))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+/// Largest number of findings one report may carry.
+const MAX_FINDINGS: usize = 10_000;
+
+async fn report(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    if let Err(err) = authorize(&headers, None, &state.tokens.agent) {
+        state.reports.unauthorized.fetch_add(1, Ordering::Relaxed);
+        return Err(err);
+    }
+    let report: Report = serde_json::from_slice(&body).map_err(|err| {
+        state.reports.malformed.fetch_add(1, Ordering::Relaxed);
+        bad_request(format!("malformed report: {err}"))
+    })?;
+    if let Err(why) = check_report(&report) {
+        state.reports.malformed.fetch_add(1, Ordering::Relaxed);
+        return Err(bad_request(why));
+    }
+    match state.engine.ingest_report(&report) {
+        Ok(reply) => {
+            state.reports.ok.fetch_add(1, Ordering::Relaxed);
+            Ok(axum::Json(reply).into_response())
+        }
+        Err(err) => {
+            state.reports.failed.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(node = %report.node, error = %err, "ingesting a report failed");
+            Err(err.into())
+        }
+    }
+}
+
+/// Checks what serde cannot: names and sizes.
+fn check_report(report: &Report) -> Result<(), String> {
+    if report.wire_version != WIRE_VERSION {
+        return Err(format!(
+            "wire_version {} is not supported (this repairer speaks {WIRE_VERSION})",
+            report.wire_version
+        ));
+    }
+    if report.node.is_empty()
+        || report.node.len() > 253
+        || !report.node.chars().all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
+    {
+        return Err(format!(
+            "node: {:?} is not a node name (letters, digits, - . _; at most 253)",
+            report.node
+        ));
+    }
+    if report.findings.len() > MAX_FINDINGS {
+        return Err(format!("findings: {} is more than {MAX_FINDINGS}", report.findings.len()));
+    }
+    if let Some((i, _)) =
+        report.findings.iter().enumerate().find(|(_, f)| f.check.is_empty() || f.finding.is_empty())
+    {
+        return Err(format!("findings[{i}]: check and finding must not be empty"));
+    }
+    Ok(())
+}
+
+#[derive(Debug, Deserialize)]
+struct TokenQuery {
+    token: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct InboundAnswer {
+    accepted: usize,
+    skipped: usize,
+    unknown_nodes: Vec<String>,
+}
+
+async fn alertmanager(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    Query(query): Query<TokenQuery>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    authorize(&headers, query.token.as_deref(), &state.tokens.alerts)?;
+    let parsed = inbound::parse_alertmanager(&body, &state.inbound)
+        .map_err(|err| bad_request(err.to_string()))?;
+    let mut answer =
+        InboundAnswer { accepted: 0, skipped: parsed.skipped, unknown_nodes: Vec::new() };
+    for alert in parsed.alerts {
+        match state.engine.ingest_external(
+            &alert.node,
+            FindingSource::Alertmanager,
+            &alert.finding,
+            alert.firing,
+        ) {
+            Ok(()) => answer.accepted += 1,
+            Err(EngineError::UnknownNode(node)) => answer.unknown_nodes.push(node),
+            Err(err) => return Err(err.into()),
+        }
+    }
+    Ok(axum::Json(answer).into_response())
+}
+
+async fn cloudwatch(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    Query(query): Query<TokenQuery>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    authorize(&headers, query.token.as_deref(), &state.tokens.alerts)?;
+    let message =
+        inbound::parse_sns(&body, &state.inbound).map_err(|err| bad_request(err.to_string()))?;
+    let now = now_ms();
+    match message {
+        SnsMessage::Alarm(Some(alert)) => {
+            match state.engine.ingest_external(
+                &alert.node,
+                FindingSource::Cloudwatch,
+                &alert.finding,
+                alert.firing,
+            ) {
+                Ok(()) => Ok(axum::Json(InboundAnswer {
+                    accepted: 1,
+                    skipped: 0,
+                    unknown_nodes: Vec::new(),
+                })
+                .into_response()),
+                Err(EngineError::UnknownNode(node)) => Ok(axum::Json(InboundAnswer {
+                    accepted: 0,
+                    skipped: 0,
+                    unknown_nodes: vec![node],
+                })
+                .into_response()),
+                Err(err) => Err(err.into()),
+            }
+        }
+        SnsMessage::Alarm(None) => {
+            Ok(axum::Json(InboundAnswer { accepted: 0, skipped: 1, unknown_nodes: Vec::new() })
+                .into_response())
+        }
+        SnsMessage::SubscriptionConfirmation { topic_arn, subscribe_url, .. } => {
+            let event = Event::new(
+                EventKind::Subscription,
+                Severity::Warning,
+                None,
+                Actor("cloudwatch".to_owned()),
+                format!(
+                    "SNS topic {topic_arn} asks to confirm the subscription: open {subscribe_url}"
+                ),
+                now,
+            );
+            state
+                .engine
+                .record(event)
+                .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+            if let Ok(mut list) = state.subscriptions.lock() {
+                list.push(Subscription { topic_arn, subscribe_url, received_ms: now });
+            }
+            Ok(StatusCode::OK.into_response())
+        }
+        SnsMessage::UnsubscribeConfirmation { .. } => Ok(StatusCode::OK.into_response()),
+    }
+}
+
+async fn list_nodes(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    authorize(&headers, None, &state.tokens.admin)?;
+    Ok(axum::Json(state.engine.summaries()).into_response())
+}
+
+/// A node with its findings, history and recent workflows and events.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct NodeDetail {
+    pub node: NodeRecord,
+    pub workflows: Vec<Workflow>,
+    pub events: Vec<Event>,
+}
+
+async fn node_detail(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    authorize(&headers, None, &state.tokens.admin)?;
+    let node = state
+        .engine
+        .node(&name)
+        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no node named {name}")))?;
+    let store = &state.engine.store;
+    let internal =
+        |e: crate::store::StoreError| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
+    let workflows = store.workflows_of(&name, 10).map_err(internal)?;
+    let mut events = store.events(0, Some(&name), 10_000).map_err(internal)?;
+    let keep = events.len().saturating_sub(50);
+    events.drain(..keep);
+    Ok(axum::Json(NodeDetail { node, workflows, events }).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct ActionBody {
+    action: Option<RuleAction>,
+}
+
+async fn drain(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    authorize(&headers, None, &state.tokens.admin)?;
+    let id = state.engine.drain(&name, &person(&headers))?;
+    Ok(axum::Json(serde_json::json!({ "workflow": id })).into_response())
+}
+
+async fn undrain(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    authorize(&headers, None, &state.tokens.admin)?;
+    let outcome = state.engine.undrain(&name, &person(&headers)).await?;
+    Ok(axum::Json(serde_json::json!({ "outcome": format!("{outcome:?}") })).into_response())
+}
+
+async fn repair(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    authorize(&headers, None, &state.tokens.admin)?;
+    let body: ActionBody = serde_json::from_slice(&body).map_err(|e| {
+        bad_request(format!("expected {{\"action\": \"reboot\"|\"replace\"|\"drain\"}}: {e}"))
+    })?;
+    let action = body.action.ok_or_else(|| bad_request("action is required"))?;
+    let id = state.engine.request_repair(&name, action, &person(&headers))?;
+    Ok(axum::Json(serde_json::json!({ "workflow": id })).into_response())
+}
+
+async fn approve(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    authorize(&headers, None, &state.tokens.admin)?;
+    let body: ActionBody = if body.is_empty() {
+        ActionBody { action: None }
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| bad_request(format!("expected {{\"action\": ...}}: {e}")))?
+    };
+    state.engine.approve(&name, body.action.unwrap_or(RuleAction::Replace), &person(&headers))?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct EventsQuery {
+    after: Option<i64>,
+    node: Option<String>,
+    limit: Option<usize>,
+}
+
+async fn events(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    Query(query): Query<EventsQuery>,
+) -> Result<Response, ApiError> {
+    authorize(&headers, None, &state.tokens.admin)?;
+    let limit = query.limit.unwrap_or(500).min(10_000);
+    let events = state
+        .engine
+        .store
+        .events(query.after.unwrap_or(0), query.node.as_deref(), limit)
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    Ok(axum::Json(events).into_response())
+}
+
+async fn breaker(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    authorize(&headers, None, &state.tokens.admin)?;
+    Ok(axum::Json(state.engine.breaker()).into_response())
+}
+
+async fn close_breaker(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    authorize(&headers, None, &state.tokens.admin)?;
+    Ok(axum::Json(state.engine.close_breaker(&person(&headers))?).into_response())
+}
+
+async fn subscriptions(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    authorize(&headers, None, &state.tokens.admin)?;
+    let list = state.subscriptions.lock().map(|l| l.clone()).unwrap_or_default();
+    Ok(axum::Json(list).into_response())
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], crate::openapi::SPEC).into_response()
+}
+
+async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
+    let mut outcomes = BTreeMap::new();
+    outcomes.insert("ok", state.reports.ok.load(Ordering::Relaxed));
+    outcomes.insert("malformed", state.reports.malformed.load(Ordering::Relaxed));
+    outcomes.insert("unauthorized", state.reports.unauthorized.load(Ordering::Relaxed));
+    outcomes.insert("error", state.reports.failed.load(Ordering::Relaxed));
+    let body = crate::metrics::encode(&state.engine, state.alerts.as_deref(), &outcomes);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
+}

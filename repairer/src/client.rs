@@ -1,0 +1,254 @@
+//! The client side of the admin API, for the `fleetmend nodes|events|drain|...` verbs: requests,
+//! and tables for people.
+
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+
+use crate::api::NodeDetail;
+use crate::engine::{BreakerState, NodeSummary};
+use crate::model::{Event, RuleAction};
+
+/// A request to the repairer failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("building the HTTP client: {0}")]
+    Build(#[source] reqwest::Error),
+    #[error("{method} {url}: {source}")]
+    Send { method: &'static str, url: String, source: reqwest::Error },
+    #[error("{method} {url}: HTTP {status}: {message}")]
+    Refused { method: &'static str, url: String, status: u16, message: String },
+    #[error("{method} {url}: unexpected answer: {source}")]
+    Decode { method: &'static str, url: String, source: serde_json::Error },
+}
+
+/// A client of one repairer's admin API.
+#[derive(Debug, Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: Option<String>,
+    user: String,
+}
+
+impl Client {
+    pub fn new(
+        base: &str,
+        token: Option<String>,
+        user: &str,
+        timeout: Duration,
+    ) -> Result<Client, ClientError> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http =
+            reqwest::Client::builder().timeout(timeout).build().map_err(ClientError::Build)?;
+        Ok(Client {
+            http,
+            base: base.trim_end_matches('/').to_owned(),
+            token,
+            user: user.to_owned(),
+        })
+    }
+
+    async fn request<T: DeserializeOwned>(
+        &self,
+        method: &'static str,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<T, ClientError> {
+        let url = format!("{}{path}", self.base);
+        let mut request = match method {
+            "POST" => self.http.post(&url),
+            _ => self.http.get(&url),
+        }
+        .header("x-fleetmend-user", &self.user);
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.map_err(|source| ClientError::Send {
+            method,
+            url: url.clone(),
+            source,
+        })?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(|source| ClientError::Send {
+            method,
+            url: url.clone(),
+            source,
+        })?;
+        if !status.is_success() {
+            let message = serde_json::from_slice::<serde_json::Value>(&bytes)
+                .ok()
+                .and_then(|v| v["error"].as_str().map(str::to_owned))
+                .unwrap_or_else(|| {
+                    String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned()
+                });
+            return Err(ClientError::Refused { method, url, status: status.as_u16(), message });
+        }
+        let bytes = if bytes.is_empty() { &b"null"[..] } else { &bytes[..] };
+        serde_json::from_slice(bytes).map_err(|source| ClientError::Decode { method, url, source })
+    }
+
+    pub async fn nodes(&self) -> Result<Vec<NodeSummary>, ClientError> {
+        self.request("GET", "/v1/nodes", None).await
+    }
+
+    pub async fn node(&self, name: &str) -> Result<NodeDetail, ClientError> {
+        self.request("GET", &format!("/v1/nodes/{name}"), None).await
+    }
+
+    pub async fn events(
+        &self,
+        after: i64,
+        node: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Event>, ClientError> {
+        let mut path = format!("/v1/events?after={after}&limit={limit}");
+        if let Some(node) = node {
+            path.push_str(&format!("&node={node}"));
+        }
+        self.request("GET", &path, None).await
+    }
+
+    pub async fn drain(&self, node: &str) -> Result<serde_json::Value, ClientError> {
+        self.request("POST", &format!("/v1/nodes/{node}/drain"), None).await
+    }
+
+    pub async fn undrain(&self, node: &str) -> Result<serde_json::Value, ClientError> {
+        self.request("POST", &format!("/v1/nodes/{node}/undrain"), None).await
+    }
+
+    pub async fn repair(
+        &self,
+        node: &str,
+        action: RuleAction,
+    ) -> Result<serde_json::Value, ClientError> {
+        self.request(
+            "POST",
+            &format!("/v1/nodes/{node}/repair"),
+            Some(serde_json::json!({ "action": action })),
+        )
+        .await
+    }
+
+    pub async fn approve(
+        &self,
+        node: &str,
+        action: Option<RuleAction>,
+    ) -> Result<serde_json::Value, ClientError> {
+        self.request(
+            "POST",
+            &format!("/v1/nodes/{node}/approve"),
+            Some(serde_json::json!({ "action": action })),
+        )
+        .await
+    }
+
+    pub async fn breaker(&self) -> Result<BreakerState, ClientError> {
+        self.request("GET", "/v1/breaker", None).await
+    }
+
+    pub async fn close_breaker(&self) -> Result<BreakerState, ClientError> {
+        self.request("POST", "/v1/breaker/close", None).await
+    }
+}
+
+fn table(rows: Vec<Vec<String>>) -> String {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let mut widths = vec![0; columns];
+    for row in &rows {
+        for (i, cell) in row.iter().enumerate() {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in rows {
+        let last = row.len().saturating_sub(1);
+        for (i, cell) in row.iter().enumerate() {
+            out.push_str(cell);
+            if i < last {
+                out.extend(std::iter::repeat_n(' ', widths[i] - cell.chars().count() + 2));
+            }
+        }
+        out.push('\n');
+    }
+    out
+}
+
+fn ago(now_ms: u64, then_ms: u64) -> String {
+    let secs = now_ms.saturating_sub(then_ms) / 1000;
+    match secs {
+        0..=119 => format!("{secs}s"),
+        120..=7199 => format!("{}m", secs / 60),
+        _ => format!("{}h", secs / 3600),
+    }
+}
+
+/// `fleetmend nodes` as a table.
+pub fn nodes_table(nodes: &[NodeSummary], now_ms: u64) -> String {
+    let mut rows = vec![
+        ["NODE", "STATE", "SINCE", "LAST REPORT", "FAILING", "WORKFLOW"]
+            .map(str::to_owned)
+            .to_vec(),
+    ];
+    for n in nodes {
+        rows.push(vec![
+            n.name.clone(),
+            n.state.to_string(),
+            ago(now_ms, n.state_since_ms),
+            ago(now_ms, n.last_report_ms),
+            n.failing.to_string(),
+            n.workflow.map(|w| w.to_string()).unwrap_or_else(|| "-".to_owned()),
+        ]);
+    }
+    table(rows)
+}
+
+/// `fleetmend events` as a table.
+pub fn events_table(events: &[Event]) -> String {
+    let mut rows = vec![
+        ["ID", "AT (ms)", "NODE", "KIND", "CHANGE", "ACTOR", "REASON"].map(str::to_owned).to_vec(),
+    ];
+    for e in events {
+        let change = match (e.from_state, e.to_state, e.action) {
+            (Some(from), Some(to), _) => format!("{from} → {to}"),
+            (_, _, Some(action)) => action.to_string(),
+            _ => "-".to_owned(),
+        };
+        rows.push(vec![
+            e.id.to_string(),
+            e.at_ms.to_string(),
+            e.node.clone().unwrap_or_else(|| "-".to_owned()),
+            e.kind.as_str().to_owned(),
+            change,
+            e.actor.to_string(),
+            e.reason.replace('\n', " "),
+        ]);
+    }
+    table(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::NodeState;
+
+    #[test]
+    fn node_table_aligns_columns() {
+        let nodes = vec![NodeSummary {
+            name: "gpu-node-017".into(),
+            state: NodeState::Draining,
+            state_since_ms: 0,
+            last_report_ms: 5_000,
+            boot_id: "b".into(),
+            failing: 2,
+            workflow: Some(7),
+        }];
+        let text = nodes_table(&nodes, 10_000);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("NODE          STATE"), "{text}");
+        assert!(lines[1].contains("draining") && lines[1].contains(" 7"), "{text}");
+    }
+}

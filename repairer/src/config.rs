@@ -1,0 +1,219 @@
+//! The repairer's configuration: one TOML file (`fleetmend repairer --config FILE`).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::alerts::AlertsConfig;
+use crate::engine::EngineConfig;
+use crate::inbound::InboundConfig;
+use crate::policy::Policy;
+use crate::provider::config::ProviderConfig;
+
+/// The whole repairer configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RepairerConfig {
+    /// Address of the API, the agents' report endpoint, the alert webhooks and `/metrics`.
+    pub listen: SocketAddr,
+    /// Allow listening on a non-loopback address without tokens (a lab; never production).
+    pub insecure: bool,
+    /// The SQLite store (created if missing).
+    pub store: PathBuf,
+    /// Bearer token agents send with reports (or `agent_token_file`).
+    pub agent_token: Option<String>,
+    pub agent_token_file: Option<PathBuf>,
+    /// Bearer token of the admin API and the CLI (or `admin_token_file`).
+    pub admin_token: Option<String>,
+    pub admin_token_file: Option<PathBuf>,
+    /// Token accepted by the inbound alert webhooks, as a bearer token or as `?token=` (SNS cannot
+    /// send headers). Default: the agent token.
+    pub alerts_token: Option<String>,
+    /// Largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
+    /// Which scheduler the repairer drives: `memory` keeps drain state in the repairer only (no
+    /// scheduler integrated yet, tests); the embedded queue and Slurm arrive as their own kinds.
+    pub scheduler: SchedulerKind,
+    pub policy: Policy,
+    pub engine: EngineConfig,
+    pub provider: ProviderConfig,
+    pub alerts: AlertsConfig,
+    pub inbound: InboundConfig,
+    pub telemetry: TelemetryConfig,
+}
+
+/// The scheduler backend.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SchedulerKind {
+    #[default]
+    Memory,
+}
+
+/// Traces (`[telemetry]`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// OTLP/gRPC endpoint for the repair workflows' traces (e.g. `http://127.0.0.1:4317`). Unset:
+    /// no traces are exported.
+    pub otlp_endpoint: Option<String>,
+}
+
+impl Default for RepairerConfig {
+    fn default() -> Self {
+        RepairerConfig {
+            listen: SocketAddr::from(([0, 0, 0, 0], 9830)),
+            insecure: false,
+            store: PathBuf::from("/var/lib/fleetmend/repairer.db"),
+            agent_token: None,
+            agent_token_file: None,
+            admin_token: None,
+            admin_token_file: None,
+            alerts_token: None,
+            max_body_bytes: 1 << 20,
+            scheduler: SchedulerKind::Memory,
+            policy: Policy::default(),
+            engine: EngineConfig::default(),
+            provider: ProviderConfig::default(),
+            alerts: AlertsConfig::default(),
+            inbound: InboundConfig::default(),
+            telemetry: TelemetryConfig::default(),
+        }
+    }
+}
+
+/// Loading the config failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RepairerConfigError {
+    #[error("reading config {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("parsing config {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("config {path} has {} problem(s):\n{}", problems.len(), problems.iter().map(|(f, m)| format!("  {f}: {m}")).collect::<Vec<_>>().join("\n"))]
+    Invalid { path: PathBuf, problems: Vec<(String, String)> },
+}
+
+/// The secrets, read from the config or their files.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tokens {
+    pub agent: Option<String>,
+    pub admin: Option<String>,
+    pub alerts: Option<String>,
+}
+
+impl RepairerConfig {
+    pub fn load(path: &Path) -> Result<RepairerConfig, RepairerConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| RepairerConfigError::Read { path: path.to_owned(), source })?;
+        let config = RepairerConfig::parse(&text)
+            .map_err(|message| RepairerConfigError::Parse { path: path.to_owned(), message })?;
+        config.validated(path)
+    }
+
+    pub fn parse(text: &str) -> Result<RepairerConfig, String> {
+        toml::from_str(text).map_err(|err| err.to_string().trim_end().to_owned())
+    }
+
+    pub fn validated(self, path: &Path) -> Result<RepairerConfig, RepairerConfigError> {
+        let problems = self.problems();
+        if problems.is_empty() {
+            Ok(self)
+        } else {
+            Err(RepairerConfigError::Invalid { path: path.to_owned(), problems })
+        }
+    }
+
+    /// Every problem, naming its field.
+    pub fn problems(&self) -> Vec<(String, String)> {
+        let mut problems = Vec::new();
+        let mut push =
+            |field: &str, message: &str| problems.push((field.to_owned(), message.to_owned()));
+        if self.agent_token.is_some() && self.agent_token_file.is_some() {
+            push("agent_token_file", "set either agent_token or agent_token_file, not both");
+        }
+        if self.admin_token.is_some() && self.admin_token_file.is_some() {
+            push("admin_token_file", "set either admin_token or admin_token_file, not both");
+        }
+        let has_agent = self.agent_token.is_some() || self.agent_token_file.is_some();
+        let has_admin = self.admin_token.is_some() || self.admin_token_file.is_some();
+        let open_to_the_network = !self.listen.ip().is_loopback() && !self.insecure;
+        if open_to_the_network && !(has_agent && has_admin) {
+            push(
+                "listen",
+                "a non-loopback address needs agent and admin tokens (or `insecure = true` for a lab)",
+            );
+        }
+        if self.max_body_bytes < 1024 {
+            push("max_body_bytes", "must be at least 1024");
+        }
+        if self.engine.unreachable_after == 0 {
+            push("engine.unreachable_after", "must be at least 1");
+        }
+        if self.engine.report_interval.is_zero() {
+            push("engine.report_interval", "must be greater than zero");
+        }
+        if self.engine.tick.is_zero() {
+            push("engine.tick", "must be greater than zero");
+        }
+        problems.extend(self.policy.problems("policy"));
+        problems.extend(
+            self.provider
+                .validate("provider")
+                .into_iter()
+                .map(|p| (p.field.clone(), p.message.clone())),
+        );
+        self.alerts.validate("alerts", &mut problems);
+        problems.extend(self.inbound.validate("inbound"));
+        if let Some(endpoint) = &self.telemetry.otlp_endpoint
+            && !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
+        {
+            problems.push((
+                "telemetry.otlp_endpoint".to_owned(),
+                format!("{endpoint:?} is not an http(s) URL"),
+            ));
+        }
+        problems
+    }
+
+    /// Reads the tokens (inline or from files).
+    pub fn tokens(&self) -> Result<Tokens, RepairerConfigError> {
+        let read = |inline: &Option<String>,
+                    file: &Option<PathBuf>|
+         -> Result<Option<String>, RepairerConfigError> {
+            match (inline, file) {
+                (Some(token), _) => Ok(Some(token.clone())),
+                (None, Some(path)) => std::fs::read_to_string(path)
+                    .map(|t| Some(t.trim().to_owned()))
+                    .map_err(|source| RepairerConfigError::Read { path: path.clone(), source }),
+                (None, None) => Ok(None),
+            }
+        };
+        let agent = read(&self.agent_token, &self.agent_token_file)?;
+        let admin = read(&self.admin_token, &self.admin_token_file)?;
+        let alerts = self.alerts_token.clone().or_else(|| agent.clone());
+        Ok(Tokens { agent, admin, alerts })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_need_tokens_off_loopback() {
+        let config = RepairerConfig::parse("").unwrap();
+        let fields: Vec<String> = config.problems().into_iter().map(|p| p.0).collect();
+        assert_eq!(fields, ["listen"]);
+        let config = RepairerConfig::parse("listen = \"127.0.0.1:9830\"").unwrap();
+        assert!(config.problems().is_empty(), "{:?}", config.problems());
+        let config = RepairerConfig::parse("agent_token = \"a\"\nadmin_token = \"b\"").unwrap();
+        assert!(config.problems().is_empty());
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let err = RepairerConfig::parse("[policy]\nmodee = \"enforce\"").unwrap_err();
+        assert!(err.contains("modee"), "{err}");
+    }
+}

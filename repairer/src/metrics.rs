@@ -1,0 +1,212 @@
+//! The repairer's `/metrics`: node states, decisions, repairs, the breaker, time to drain and to
+//! repair, alerts and reports. Names in one place; labels from bounded sets only.
+
+use std::collections::BTreeMap;
+use std::sync::PoisonError;
+
+use prometheus::proto::{
+    Bucket, Counter, Gauge, Histogram as ProtoHistogram, LabelPair, Metric, MetricFamily,
+    MetricType,
+};
+
+use crate::alerts::Alerts;
+use crate::engine::Engine;
+
+pub const NODES: &str = "fleetmend_nodes";
+pub const REPAIRS: &str = "fleetmend_repairs_total";
+pub const DECISIONS: &str = "fleetmend_decisions_total";
+pub const BREAKER_OPEN: &str = "fleetmend_breaker_open";
+pub const TIME_TO_DRAIN: &str = "fleetmend_time_to_drain_seconds";
+pub const TIME_TO_REPAIR: &str = "fleetmend_time_to_repair_seconds";
+pub const ALERTS_SENT: &str = "fleetmend_alerts_sent_total";
+pub const REPORTS_RECEIVED: &str = "fleetmend_reports_received_total";
+
+/// A fixed-bucket histogram (cumulative counts are computed when encoding).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+/// Seconds from a fault to its drain: sub-second is the goal.
+pub const DRAIN_BUCKETS: &[f64] = &[0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0];
+/// Seconds from a fault to the node back at work: minutes to hours.
+pub const REPAIR_BUCKETS: &[f64] =
+    &[10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0];
+
+impl Histogram {
+    pub fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram { bounds, counts: vec![0; bounds.len()], sum: 0.0, count: 0 }
+    }
+
+    pub fn observe(&mut self, value: f64) {
+        if let Some(i) = self.bounds.iter().position(|b| value <= *b) {
+            self.counts[i] += 1;
+        }
+        self.sum += value;
+        self.count += 1;
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    fn proto(&self) -> ProtoHistogram {
+        let mut histogram = ProtoHistogram::default();
+        let mut cumulative = 0;
+        let buckets = self
+            .bounds
+            .iter()
+            .zip(&self.counts)
+            .map(|(bound, count)| {
+                cumulative += count;
+                let mut bucket = Bucket::default();
+                bucket.set_upper_bound(*bound);
+                bucket.set_cumulative_count(cumulative);
+                bucket
+            })
+            .collect();
+        histogram.set_bucket(buckets);
+        histogram.set_sample_sum(self.sum);
+        histogram.set_sample_count(self.count);
+        histogram
+    }
+}
+
+fn family(name: &str, help: &str, kind: MetricType) -> MetricFamily {
+    let mut family = MetricFamily::default();
+    family.set_name(name.to_owned());
+    family.set_help(help.to_owned());
+    family.set_field_type(kind);
+    family
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Vec<LabelPair> {
+    pairs
+        .iter()
+        .map(|(k, v)| {
+            let mut pair = LabelPair::default();
+            pair.set_name((*k).to_owned());
+            pair.set_value((*v).to_owned());
+            pair
+        })
+        .collect()
+}
+
+fn push_gauge(family: &mut MetricFamily, pairs: &[(&str, &str)], value: f64) {
+    let mut metric = Metric::default();
+    metric.set_label(labels(pairs));
+    let mut gauge = Gauge::default();
+    gauge.set_value(value);
+    metric.set_gauge(gauge);
+    family.mut_metric().push(metric);
+}
+
+fn push_counter(family: &mut MetricFamily, pairs: &[(&str, &str)], value: f64) {
+    let mut metric = Metric::default();
+    metric.set_label(labels(pairs));
+    let mut counter = Counter::default();
+    counter.set_value(value);
+    metric.set_counter(counter);
+    family.mut_metric().push(metric);
+}
+
+/// The text exposition of the repairer's metrics.
+pub fn encode(engine: &Engine, alerts: Option<&Alerts>, reports: &BTreeMap<&str, u64>) -> String {
+    let mut families = Vec::new();
+
+    let mut nodes = family(NODES, "Nodes by state.", MetricType::GAUGE);
+    for (state, count) in engine.state_counts() {
+        push_gauge(&mut nodes, &[("state", state.as_str())], count as f64);
+    }
+    families.push(nodes);
+
+    let mut decisions = family(
+        DECISIONS,
+        "Decisions by action and mode (enforce, dry-run, approve, alert, quarantine).",
+        MetricType::COUNTER,
+    );
+    for ((action, mode), count) in
+        engine.counters.decisions.lock().unwrap_or_else(PoisonError::into_inner).iter()
+    {
+        push_counter(&mut decisions, &[("action", action), ("mode", mode)], *count as f64);
+    }
+    let mut repairs =
+        family(REPAIRS, "Finished repairs by action and outcome.", MetricType::COUNTER);
+    for ((action, outcome), count) in
+        engine.counters.repairs.lock().unwrap_or_else(PoisonError::into_inner).iter()
+    {
+        push_counter(&mut repairs, &[("action", action), ("outcome", outcome)], *count as f64);
+    }
+    families.extend([decisions, repairs]);
+
+    let mut breaker =
+        family(BREAKER_OPEN, "1 while the breaker stops automatic action.", MetricType::GAUGE);
+    push_gauge(&mut breaker, &[], if engine.breaker().open { 1.0 } else { 0.0 });
+    families.push(breaker);
+
+    for (name, help, histogram) in [
+        (
+            TIME_TO_DRAIN,
+            "Seconds from a node's first failing finding to its drain.",
+            &engine.counters.time_to_drain,
+        ),
+        (
+            TIME_TO_REPAIR,
+            "Seconds from a node's first failing finding to the end of its repair.",
+            &engine.counters.time_to_repair,
+        ),
+    ] {
+        let mut family = family(name, help, MetricType::HISTOGRAM);
+        let mut metric = Metric::default();
+        metric.set_histogram(histogram.lock().unwrap_or_else(PoisonError::into_inner).proto());
+        family.mut_metric().push(metric);
+        families.push(family);
+    }
+
+    let mut sent = family(
+        ALERTS_SENT,
+        "Alert deliveries by sink and outcome (ok, error).",
+        MetricType::COUNTER,
+    );
+    if let Some(alerts) = alerts {
+        for (sink, outcome, count) in alerts.sent_totals() {
+            push_counter(&mut sent, &[("sink", &sink), ("outcome", outcome)], count as f64);
+        }
+    }
+    let mut received =
+        family(REPORTS_RECEIVED, "Agent reports received by outcome.", MetricType::COUNTER);
+    for (outcome, count) in reports {
+        push_counter(&mut received, &[("outcome", outcome)], *count as f64);
+    }
+    families.extend([sent, received]);
+
+    families.retain(|f| !f.get_metric().is_empty());
+    let mut out = String::new();
+    if let Err(err) = prometheus::TextEncoder::new().encode_utf8(&families, &mut out) {
+        tracing::error!(error = %err, "encoding metrics failed");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let mut h = Histogram::new(DRAIN_BUCKETS);
+        for v in [0.05, 0.3, 0.3, 4.0, 1000.0] {
+            h.observe(v);
+        }
+        let proto = h.proto();
+        let cumulative: Vec<u64> =
+            proto.get_bucket().iter().map(|b| b.cumulative_count()).collect();
+        assert_eq!(cumulative[0], 1);
+        assert_eq!(cumulative[2], 3);
+        assert_eq!(*cumulative.last().unwrap(), 4, "1000 s is above every bound");
+        assert_eq!(proto.get_sample_count(), 5);
+    }
+}

@@ -1,0 +1,85 @@
+//! `GET /v1/openapi.json`: the API's description (OpenAPI 3.0), kept beside the routes in api.rs.
+//! A test checks that every route in the router is described here.
+
+/// The OpenAPI document.
+pub const SPEC: &str = r##"{
+  "openapi": "3.0.3",
+  "info": {
+    "title": "fleetmend repairer",
+    "version": "1",
+    "description": "Agents report here; alert sources post here; people drive repairs here. Admin endpoints need the admin bearer token, reports the agent token, alert webhooks the alerts token (bearer or ?token=)."
+  },
+  "components": {
+    "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } },
+    "schemas": {
+      "Error": { "type": "object", "properties": { "error": { "type": "string" } }, "required": ["error"] },
+      "Action": { "type": "string", "enum": ["none", "alert", "drain", "reboot", "replace"] },
+      "NodeState": { "type": "string", "enum": ["healthy", "suspect", "draining", "drained", "repairing", "validating", "unreachable", "quarantined", "retired"] },
+      "NodeSummary": { "type": "object", "properties": {
+        "name": { "type": "string" }, "state": { "$ref": "#/components/schemas/NodeState" },
+        "state_since_ms": { "type": "integer" }, "last_report_ms": { "type": "integer" },
+        "boot_id": { "type": "string" }, "failing": { "type": "integer" }, "workflow": { "type": "integer", "nullable": true } } },
+      "Event": { "type": "object", "properties": {
+        "id": { "type": "integer" }, "at_ms": { "type": "integer" }, "kind": { "type": "string" },
+        "severity": { "type": "string", "enum": ["info", "warning", "critical"] }, "node": { "type": "string", "nullable": true },
+        "actor": { "type": "string" }, "from_state": { "$ref": "#/components/schemas/NodeState" }, "to_state": { "$ref": "#/components/schemas/NodeState" },
+        "action": { "$ref": "#/components/schemas/Action" }, "workflow": { "type": "integer", "nullable": true },
+        "reason": { "type": "string" }, "findings": { "type": "array", "items": { "type": "object" } } } },
+      "Breaker": { "type": "object", "properties": { "open": { "type": "boolean" }, "opened_ms": { "type": "integer", "nullable": true }, "reason": { "type": "string" } } },
+      "Report": { "type": "object", "description": "fleetmend_proto::Report", "required": ["wire_version", "node", "boot_id", "agent_version", "seq", "sent_at_ms", "trigger", "verdict", "checks", "findings"] },
+      "ReportReply": { "type": "object", "properties": { "commands": { "type": "array", "items": { "type": "object", "properties": { "id": { "type": "string" }, "kind": { "type": "string" } } } } } }
+    }
+  },
+  "security": [{ "bearer": [] }],
+  "paths": {
+    "/v1/reports": { "post": { "summary": "An agent's report; the reply carries commands for the node",
+      "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Report" } } } },
+      "responses": { "200": { "description": "accepted", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/ReportReply" } } } },
+        "400": { "description": "malformed", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } } },
+        "401": { "description": "missing or wrong token" }, "413": { "description": "body too large" } } } },
+    "/v1/alerts/alertmanager": { "post": { "summary": "Alertmanager webhook (version 4): firing alerts naming a node become its findings; resolved ones clear them",
+      "parameters": [{ "name": "token", "in": "query", "required": false, "schema": { "type": "string" } }],
+      "responses": { "200": { "description": "accepted, skipped and unknown nodes counted" }, "400": { "description": "malformed" }, "401": { "description": "missing or wrong token" } } } },
+    "/v1/alerts/cloudwatch": { "post": { "summary": "SNS HTTP notification whose Message is a CloudWatch alarm; SubscriptionConfirmation is recorded for the operator",
+      "parameters": [{ "name": "token", "in": "query", "required": false, "schema": { "type": "string" } }],
+      "responses": { "200": { "description": "accepted" }, "400": { "description": "malformed" }, "401": { "description": "missing or wrong token" } } } },
+    "/v1/nodes": { "get": { "summary": "Every node", "responses": { "200": { "description": "nodes", "content": { "application/json": { "schema": { "type": "array", "items": { "$ref": "#/components/schemas/NodeSummary" } } } } } } } },
+    "/v1/nodes/{name}": { "get": { "summary": "One node with its findings, history, workflows and recent events",
+      "parameters": [{ "name": "name", "in": "path", "required": true, "schema": { "type": "string" } }],
+      "responses": { "200": { "description": "the node" }, "404": { "description": "no such node" } } } },
+    "/v1/nodes/{name}/drain": { "post": { "summary": "Drain the node (as a person)", "parameters": [{ "name": "name", "in": "path", "required": true, "schema": { "type": "string" } }],
+      "responses": { "200": { "description": "workflow started" }, "404": { "description": "no such node" }, "409": { "description": "in a workflow already" } } } },
+    "/v1/nodes/{name}/undrain": { "post": { "summary": "Put a drained or quarantined node back (only if fleetmend drained it)", "parameters": [{ "name": "name", "in": "path", "required": true, "schema": { "type": "string" } }],
+      "responses": { "200": { "description": "outcome" }, "404": { "description": "no such node" }, "409": { "description": "in a workflow" } } } },
+    "/v1/nodes/{name}/repair": { "post": { "summary": "Start a drain, reboot or replace now (as a person)", "parameters": [{ "name": "name", "in": "path", "required": true, "schema": { "type": "string" } }],
+      "requestBody": { "required": true, "content": { "application/json": { "schema": { "type": "object", "properties": { "action": { "$ref": "#/components/schemas/Action" } }, "required": ["action"] } } } },
+      "responses": { "200": { "description": "workflow started" }, "400": { "description": "bad action" }, "404": { "description": "no such node" }, "409": { "description": "in a workflow already" } } } },
+    "/v1/nodes/{name}/approve": { "post": { "summary": "Approve the action waiting on the node (approve mode); the body may bound it", "parameters": [{ "name": "name", "in": "path", "required": true, "schema": { "type": "string" } }],
+      "requestBody": { "required": false, "content": { "application/json": { "schema": { "type": "object", "properties": { "action": { "$ref": "#/components/schemas/Action" } } } } } },
+      "responses": { "204": { "description": "approved" }, "404": { "description": "no such node" } } } },
+    "/v1/events": { "get": { "summary": "The audit trail, oldest first",
+      "parameters": [{ "name": "after", "in": "query", "schema": { "type": "integer" } }, { "name": "node", "in": "query", "schema": { "type": "string" } }, { "name": "limit", "in": "query", "schema": { "type": "integer" } }],
+      "responses": { "200": { "description": "events", "content": { "application/json": { "schema": { "type": "array", "items": { "$ref": "#/components/schemas/Event" } } } } } } } },
+    "/v1/breaker": { "get": { "summary": "The breaker", "responses": { "200": { "description": "state", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Breaker" } } } } } } },
+    "/v1/breaker/close": { "post": { "summary": "Close the breaker (a person)", "responses": { "200": { "description": "state", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Breaker" } } } } } } },
+    "/v1/subscriptions": { "get": { "summary": "SNS subscription confirmations waiting for an operator", "responses": { "200": { "description": "list" } } } },
+    "/v1/openapi.json": { "get": { "summary": "This document", "security": [], "responses": { "200": { "description": "OpenAPI 3.0" } } } },
+    "/metrics": { "get": { "summary": "Prometheus metrics", "security": [], "responses": { "200": { "description": "text format 0.0.4" } } } },
+    "/healthz": { "get": { "summary": "Liveness", "security": [], "responses": { "200": { "description": "ok" } } } }
+  }
+}"##;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_spec_is_json_and_describes_every_route() {
+        let spec: serde_json::Value = serde_json::from_str(super::SPEC).unwrap();
+        let paths = spec["paths"].as_object().unwrap();
+        let source = include_str!("api.rs");
+        for line in source.lines().filter(|l| l.trim_start().starts_with(".route(\"")) {
+            let path = line.split('"').nth(1).unwrap();
+            assert!(paths.contains_key(path), "{path} is routed but not in the OpenAPI spec");
+        }
+        assert_eq!(paths.len(), source.matches(".route(\"").count());
+    }
+}

@@ -1,0 +1,123 @@
+//! `fleetmend repairer`: builds every part from the config and serves until asked to stop.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use crate::alerts::Alerts;
+use crate::api::{self, ApiState};
+use crate::commands::CommandQueue;
+use crate::config::{RepairerConfig, SchedulerKind};
+use crate::engine::{Engine, EngineError};
+use crate::provider::config::{ProviderDeps, build as build_provider};
+use crate::scheduler::{FakeScheduler, Scheduler};
+use crate::store::Store;
+
+/// The repairer could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error(transparent)]
+    Config(#[from] crate::config::RepairerConfigError),
+    #[error("opening the store: {0}")]
+    Store(#[from] crate::store::StoreError),
+    #[error("building the provider: {0}")]
+    Provider(#[from] crate::provider::config::ProviderBuildError),
+    #[error("setting up alert sinks: {0}")]
+    Alerts(#[from] crate::alerts::AlertsError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("listening on {addr}: {source}")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+    #[error("serving HTTP: {0}")]
+    Serve(std::io::Error),
+}
+
+/// A started repairer.
+pub struct Repairer {
+    pub engine: Arc<Engine>,
+    pub scheduler: Arc<dyn Scheduler>,
+    pub local_addr: SocketAddr,
+    server: tokio::task::JoinHandle<Result<(), ServiceError>>,
+}
+
+impl std::fmt::Debug for Repairer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Repairer").field("local_addr", &self.local_addr).finish_non_exhaustive()
+    }
+}
+
+impl Repairer {
+    /// Waits until the server stops (SIGTERM, Ctrl-C) or fails.
+    pub async fn wait(self) -> Result<(), ServiceError> {
+        match self.server.await {
+            Ok(result) => result,
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+/// Starts the repairer: store, scheduler, provider, engine (resuming open workflows), alert
+/// sinks and the HTTP server. `shutdown` ends the server when it completes.
+pub async fn start(
+    config: RepairerConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<Repairer, ServiceError> {
+    let tokens = config.tokens()?;
+    if let Some(parent) = config.store.parent()
+        && !parent.as_os_str().is_empty()
+    {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    let store = Arc::new(Store::open(&config.store)?);
+    let commands = Arc::new(CommandQueue::new());
+    let scheduler: Arc<dyn Scheduler> = match config.scheduler {
+        SchedulerKind::Memory => Arc::new(FakeScheduler::new()),
+    };
+    let provider = build_provider(&config.provider, &ProviderDeps { commands: commands.clone() })?;
+    let engine = Engine::new(
+        store.clone(),
+        config.policy.clone(),
+        config.engine.clone(),
+        scheduler.clone(),
+        provider,
+        commands,
+    )?;
+    let alerts = if config.alerts.sinks.is_empty() {
+        None
+    } else {
+        let alerts = Arc::new(Alerts::new(config.alerts.clone(), store.clone())?);
+        tokio::spawn(alerts.clone().run());
+        let (wake, notify) = (alerts.clone(), engine.event_appended.clone());
+        tokio::spawn(async move {
+            loop {
+                notify.notified().await;
+                wake.wake();
+            }
+        });
+        Some(alerts)
+    };
+    engine.start()?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServiceError::Listen { addr: config.listen, source })?;
+    let local_addr = listener
+        .local_addr()
+        .map_err(|source| ServiceError::Listen { addr: config.listen, source })?;
+    let state = Arc::new(ApiState {
+        engine: engine.clone(),
+        alerts,
+        tokens,
+        inbound: config.inbound.clone(),
+        max_body_bytes: config.max_body_bytes,
+        reports: Default::default(),
+        subscriptions: Mutex::new(Vec::new()),
+    });
+    let app = api::router(state);
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+            .map_err(ServiceError::Serve)
+    });
+    tracing::info!(listen = %local_addr, mode = config.policy.mode.as_str(), store = %config.store.display(), "repairer started");
+    Ok(Repairer { engine, scheduler, local_addr, server })
+}
