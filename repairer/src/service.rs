@@ -8,6 +8,7 @@ use crate::api::{self, ApiState};
 use crate::commands::CommandQueue;
 use crate::config::{RepairerConfig, SchedulerKind};
 use crate::engine::{Engine, EngineError};
+use crate::provider::Provider;
 use crate::provider::config::{ProviderDeps, build as build_provider};
 use crate::scheduler::{FakeScheduler, Scheduler};
 use crate::store::Store;
@@ -61,6 +62,17 @@ pub async fn start(
     config: RepairerConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<Repairer, ServiceError> {
+    start_with(config, None, None, shutdown).await
+}
+
+/// [`start`] with the scheduler and provider given instead of built from the config (tests give
+/// fakes that record their calls).
+pub async fn start_with(
+    config: RepairerConfig,
+    scheduler: Option<Arc<dyn Scheduler>>,
+    provider: Option<Arc<dyn Provider>>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<Repairer, ServiceError> {
     let tokens = config.tokens()?;
     if let Some(parent) = config.store.parent()
         && !parent.as_os_str().is_empty()
@@ -69,10 +81,14 @@ pub async fn start(
     }
     let store = Arc::new(Store::open(&config.store)?);
     let commands = Arc::new(CommandQueue::new());
-    let scheduler: Arc<dyn Scheduler> = match config.scheduler {
-        SchedulerKind::Memory => Arc::new(FakeScheduler::new()),
+    let scheduler: Arc<dyn Scheduler> = match (scheduler, config.scheduler) {
+        (Some(scheduler), _) => scheduler,
+        (None, SchedulerKind::Memory) => Arc::new(FakeScheduler::new()),
     };
-    let provider = build_provider(&config.provider, &ProviderDeps { commands: commands.clone() })?;
+    let provider = match provider {
+        Some(provider) => provider,
+        None => build_provider(&config.provider, &ProviderDeps { commands: commands.clone() })?,
+    };
     let engine = Engine::new(
         store.clone(),
         config.policy.clone(),

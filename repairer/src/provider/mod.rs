@@ -121,3 +121,83 @@ mod tests {
         assert!(check_substitutable_node_name(&"a".repeat(254)).is_err());
     }
 }
+
+/// One call made to a [`FakeProvider`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProviderCall {
+    Reboot(String),
+    Replace(String),
+    PowerState(String),
+}
+
+/// An in-memory provider that records every call (tests): reboots succeed at once, a replacement
+/// of `node` is named `node-r1`, `node-r2`, ...
+#[derive(Debug, Default)]
+pub struct FakeProvider {
+    calls: std::sync::Mutex<Vec<ProviderCall>>,
+    failing: std::sync::atomic::AtomicBool,
+}
+
+impl FakeProvider {
+    pub fn new() -> FakeProvider {
+        FakeProvider::default()
+    }
+
+    /// Every call so far, in order.
+    pub fn calls(&self) -> Vec<ProviderCall> {
+        self.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Makes every call fail (or succeed again).
+    pub fn set_failing(&self, failing: bool) {
+        self.failing.store(failing, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn record(
+        &self,
+        call: ProviderCall,
+        operation: &'static str,
+        node: &str,
+    ) -> Result<usize, ProviderError> {
+        let mut calls = self.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        calls.push(call.clone());
+        if self.failing.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(ProviderError::Failed {
+                provider: "fake",
+                operation,
+                node: node.to_owned(),
+                message: "injected failure".to_owned(),
+            });
+        }
+        Ok(calls.iter().filter(|c| **c == call).count())
+    }
+}
+
+impl Provider for FakeProvider {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+
+    fn reboot<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
+            self.record(ProviderCall::Reboot(node.to_owned()), "reboot", node).map(|_| ())
+        })
+    }
+
+    fn replace<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<String, ProviderError>> {
+        Box::pin(async move {
+            let n = self.record(ProviderCall::Replace(node.to_owned()), "replace", node)?;
+            Ok(format!("{node}-r{n}"))
+        })
+    }
+
+    fn power_state<'a>(
+        &'a self,
+        node: &'a str,
+    ) -> BoxFuture<'a, Result<PowerState, ProviderError>> {
+        Box::pin(async move {
+            self.record(ProviderCall::PowerState(node.to_owned()), "power_state", node)
+                .map(|_| PowerState::On)
+        })
+    }
+}
