@@ -189,8 +189,15 @@ impl Reporter {
 /// A report of the agent's newest state.
 pub fn build_report(state: &AgentState, seq: u64, trigger: ReportTrigger) -> Report {
     let results = state.results();
-    let findings: Vec<Finding> =
-        results.iter().flat_map(|r| r.observation.findings.iter().cloned()).collect();
+    // Only what is not ok travels: the repairer clears a finding when a report no longer carries
+    // it, and a healthy 8-GPU node's report stays a few hundred bytes instead of tens of KB (one
+    // repairer takes 100,000 nodes' heartbeats).
+    let findings: Vec<Finding> = results
+        .iter()
+        .flat_map(|r| r.observation.findings.iter())
+        .filter(|f| f.status != fleetmend_proto::Status::Ok)
+        .cloned()
+        .collect();
     Report {
         wire_version: WIRE_VERSION,
         node: state.identity.node.clone(),

@@ -273,7 +273,8 @@ pub struct Report {
     pub trigger: ReportTrigger,
     pub verdict: Verdict,
     pub checks: Vec<CheckRun>,
-    /// Every current finding, ok ones included, so the receiver can clear what has cleared.
+    /// Every current finding that is not ok. A finding the previous report carried and this one
+    /// does not has cleared.
     pub findings: Vec<Finding>,
     /// Results of commands the repairer sent (in earlier replies) that finished since the last
     /// delivered report. Sent again until a report carrying them is accepted.
