@@ -1,0 +1,148 @@
+//! The client verbs against a real repairer with a real agent: nodes, node, events, drain,
+//! undrain, repair, breaker; tables for people and `--output json` for scripts; auth errors clear.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use fleetmend_tests::{
+    Running, fixture, fixture_flags, fleetmend_bin, free_port, http_get, poll_until,
+    run_with_timeout, start_agent,
+};
+
+const ADMIN: &str = "admin-secret";
+const AGENT: &str = "agent-secret";
+
+fn start_repairer(dir: &std::path::Path, listen: SocketAddr) -> Running {
+    let config = dir.join("repairer.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"{listen}\"\nstore = \"{}\"\nagent_token = \"{AGENT}\"\nadmin_token = \"{ADMIN}\"\n[engine]\ntick = \"100ms\"\n[engine.workflow]\ncheckpoint_grace = \"0s\"\n",
+            dir.join("repairer.db").display()
+        ),
+    )
+    .unwrap();
+    let stderr_path = dir.join("repairer.stderr");
+    let child = Command::new(fleetmend_bin())
+        .args(["repairer", "--config"])
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .unwrap();
+    let running = Running { child, stderr_path };
+    assert!(
+        poll_until(Duration::from_secs(20), || http_get(listen, "/healthz")
+            .is_some_and(|(s, _)| s == 200)),
+        "repairer did not start:\n{}",
+        running.stderr()
+    );
+    running
+}
+
+fn cli(repairer: SocketAddr, token: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let output = run_with_timeout(
+        Command::new(fleetmend_bin())
+            .args(args)
+            .env("FLEETMEND_REPAIRER", format!("http://{repairer}"))
+            .env("FLEETMEND_TOKEN", token)
+            .env("USER", "alice"),
+        Duration::from_secs(20),
+    );
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn node_state(repairer: SocketAddr, name: &str) -> String {
+    let (_, out, _) = cli(repairer, ADMIN, &["nodes", "--output", "json"]);
+    let nodes: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+    nodes
+        .as_array()
+        .and_then(|nodes| nodes.iter().find(|n| n["name"] == name))
+        .and_then(|n| n["state"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[test]
+fn client_verbs_drive_a_real_repairer() {
+    let dir = tempfile::tempdir().unwrap();
+    let repairer_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let repairer = start_repairer(dir.path(), repairer_addr);
+    let case = fixture("healthy");
+    let agent_config = dir.path().join("agent.toml");
+    std::fs::write(
+        &agent_config,
+        format!(
+            "{}\n[report]\nrepairer = \"http://{repairer_addr}\"\ntoken = \"{AGENT}\"\ninterval = \"200ms\"\n",
+            std::fs::read_to_string(case.join("agent.toml")).unwrap()
+        ),
+    )
+    .unwrap();
+    let mut flags = fixture_flags(&case);
+    flags.push(format!("--config={}", agent_config.display()));
+    flags.push("--node=gpu-node-1".to_owned());
+    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let _agent = start_agent(dir.path(), SocketAddr::from(([127, 0, 0, 1], free_port())), &args);
+
+    assert!(
+        poll_until(Duration::from_secs(10), || node_state(repairer_addr, "gpu-node-1")
+            == "healthy"),
+        "{}",
+        repairer.stderr()
+    );
+    let (code, table, _) = cli(repairer_addr, ADMIN, &["nodes"]);
+    assert_eq!(code, Some(0));
+    assert!(table.starts_with("NODE"), "{table}");
+    assert!(table.lines().any(|l| l.starts_with("gpu-node-1") && l.contains("healthy")), "{table}");
+
+    // A wrong token is a clear error and a non-zero exit.
+    let (code, _, err) = cli(repairer_addr, "wrong", &["nodes"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("401") && err.contains("wrong bearer token"), "{err}");
+
+    // A person drains the node: recorded with the person as the actor; the node ends drained.
+    let (code, out, err) = cli(repairer_addr, ADMIN, &["drain", "gpu-node-1"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("\"workflow\""), "{out}");
+    assert!(
+        poll_until(Duration::from_secs(10), || node_state(repairer_addr, "gpu-node-1")
+            == "drained"),
+        "{}",
+        repairer.stderr()
+    );
+    let (_, events, _) =
+        cli(repairer_addr, ADMIN, &["events", "--node", "gpu-node-1", "--output", "json"]);
+    let events: Vec<serde_json::Value> = serde_json::from_str(&events).unwrap();
+    assert!(
+        events.iter().any(|e| e["kind"] == "decision" && e["actor"] == "person:alice"),
+        "{events:#?}"
+    );
+
+    let (code, out, err) = cli(repairer_addr, ADMIN, &["undrain", "gpu-node-1"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("Undrained"), "{out}");
+    assert_eq!(node_state(repairer_addr, "gpu-node-1"), "healthy");
+
+    let (code, table, _) = cli(repairer_addr, ADMIN, &["events", "--node", "gpu-node-1"]);
+    assert_eq!(code, Some(0));
+    assert!(table.contains("healthy → draining") && table.contains("drained → healthy"), "{table}");
+
+    let (code, out, _) = cli(repairer_addr, ADMIN, &["breaker", "--output", "json"]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("\"open\": false"), "{out}");
+    let (code, out, _) = cli(repairer_addr, ADMIN, &["node", "gpu-node-1"]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("\"workflows\""), "{out}");
+    let (code, _, err) =
+        cli(repairer_addr, ADMIN, &["repair", "no-such-node", "--action", "reboot"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("404") && err.contains("no-such-node"), "{err}");
+}
