@@ -52,12 +52,27 @@ pub enum SchedulerKind {
 }
 
 /// Traces (`[telemetry]`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TelemetryConfig {
     /// OTLP/gRPC endpoint for the repair workflows' traces (e.g. `http://127.0.0.1:4317`). Unset:
     /// no traces are exported.
     pub otlp_endpoint: Option<String>,
+    /// `service.name` of the exported traces (one per cluster's repairer tells them apart).
+    pub service_name: String,
+    /// Longest one export to the collector may take (and a flush at shutdown, twice that).
+    #[serde(with = "humantime_serde")]
+    pub export_timeout: std::time::Duration,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig {
+            otlp_endpoint: None,
+            service_name: "fleetmend-repairer".to_owned(),
+            export_timeout: std::time::Duration::from_secs(10),
+        }
+    }
 }
 
 impl Default for RepairerConfig {
@@ -171,6 +186,15 @@ impl RepairerConfig {
             problems.push((
                 "telemetry.otlp_endpoint".to_owned(),
                 format!("{endpoint:?} is not an http(s) URL"),
+            ));
+        }
+        if self.telemetry.service_name.trim().is_empty() {
+            problems.push(("telemetry.service_name".to_owned(), "must not be empty".to_owned()));
+        }
+        if self.telemetry.export_timeout.is_zero() {
+            problems.push((
+                "telemetry.export_timeout".to_owned(),
+                "must be greater than zero".to_owned(),
             ));
         }
         problems

@@ -177,6 +177,8 @@ pub struct Engine {
     /// Raised when a report may let a waiting workflow step go on.
     pub(crate) progress: Notify,
     pub counters: EngineCounters,
+    /// Traces of the workflows, when `[telemetry]` exports them (set before `start`).
+    tracer: std::sync::OnceLock<Arc<crate::telemetry::WorkflowTracer>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -221,7 +223,17 @@ impl Engine {
             event_appended: Arc::new(Notify::new()),
             progress: Notify::new(),
             counters: EngineCounters::default(),
+            tracer: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Traces every workflow started or resumed from now on through `tracer` (the first one set).
+    pub fn set_tracer(&self, tracer: Arc<crate::telemetry::WorkflowTracer>) {
+        let _ = self.tracer.set(tracer);
+    }
+
+    pub(crate) fn tracer(&self) -> Option<&crate::telemetry::WorkflowTracer> {
+        self.tracer.get().map(|tracer| &**tracer)
     }
 
     /// Starts the background work: resumes open workflows and runs the tick.

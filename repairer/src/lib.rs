@@ -16,4 +16,5 @@ pub mod provider;
 pub mod scheduler;
 pub mod service;
 pub mod store;
+pub mod telemetry;
 pub mod workflow;

@@ -12,6 +12,7 @@ use crate::provider::Provider;
 use crate::provider::config::{ProviderDeps, build as build_provider};
 use crate::scheduler::{FakeScheduler, Scheduler};
 use crate::store::Store;
+use crate::telemetry::WorkflowTracer;
 
 /// The repairer could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +31,8 @@ pub enum ServiceError {
     Listen { addr: SocketAddr, source: std::io::Error },
     #[error("serving HTTP: {0}")]
     Serve(std::io::Error),
+    #[error("setting up traces: {0}")]
+    Telemetry(#[from] crate::telemetry::TelemetryError),
 }
 
 /// A started repairer.
@@ -37,6 +40,8 @@ pub struct Repairer {
     pub engine: Arc<Engine>,
     pub scheduler: Arc<dyn Scheduler>,
     pub local_addr: SocketAddr,
+    /// Exports the workflows' traces (when `[telemetry] otlp_endpoint` is set).
+    pub tracer: Option<Arc<WorkflowTracer>>,
     server: tokio::task::JoinHandle<Result<(), ServiceError>>,
 }
 
@@ -49,9 +54,24 @@ impl std::fmt::Debug for Repairer {
 impl Repairer {
     /// Waits until the server stops (SIGTERM, Ctrl-C) or fails.
     pub async fn wait(self) -> Result<(), ServiceError> {
-        match self.server.await {
+        let result = match self.server.await {
             Ok(result) => result,
             Err(_) => Ok(()),
+        };
+        // Spans still queued go out before the process ends.
+        if let Some(tracer) = &self.tracer
+            && let Err(err) = tracer.shutdown().await
+        {
+            tracing::warn!(error = %err, "exporting the last traces failed");
+        }
+        result
+    }
+
+    /// Exports every ended span now (tests; the stop does it by itself).
+    pub async fn flush_traces(&self) -> Result<(), ServiceError> {
+        match &self.tracer {
+            Some(tracer) => Ok(tracer.flush().await?),
+            None => Ok(()),
         }
     }
 }
@@ -97,6 +117,10 @@ pub async fn start_with(
         provider,
         commands,
     )?;
+    let tracer = WorkflowTracer::from_config(&config.telemetry)?.map(Arc::new);
+    if let Some(tracer) = &tracer {
+        engine.set_tracer(tracer.clone());
+    }
     let alerts = if config.alerts.sinks.is_empty() {
         None
     } else {
@@ -135,5 +159,5 @@ pub async fn start_with(
             .map_err(ServiceError::Serve)
     });
     tracing::info!(listen = %local_addr, mode = config.policy.mode.as_str(), store = %config.store.display(), "repairer started");
-    Ok(Repairer { engine, scheduler, local_addr, server })
+    Ok(Repairer { engine, scheduler, local_addr, tracer, server })
 }

@@ -13,6 +13,7 @@ use crate::engine::{Engine, now_ms};
 use crate::model::{Actor, Event, EventKind, NodeState, RuleAction, Severity};
 use crate::policy::RepairRecord;
 use crate::scheduler::{DRAIN_REASON_PREFIX, UndrainOutcome};
+use crate::telemetry::WorkflowTrace;
 
 /// Timeouts of the workflow's steps (`[engine.workflow]`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -139,6 +140,10 @@ pub struct Workflow {
     pub validation: Option<String>,
     pub outcome: Option<Outcome>,
     pub last_error: Option<String>,
+    /// The root span of the workflow's trace (when traces are exported), so a resumed workflow
+    /// continues the same trace.
+    #[serde(default)]
+    pub trace: Option<crate::telemetry::TraceParent>,
 }
 
 impl Workflow {
@@ -175,6 +180,7 @@ impl Workflow {
             validation: None,
             outcome: None,
             last_error: None,
+            trace: None,
         }
     }
 
@@ -221,6 +227,10 @@ enum Next {
 
 /// Drives `workflow` to its end.
 pub async fn run(engine: Arc<Engine>, mut workflow: Workflow) {
+    let mut trace = WorkflowTrace::begin(engine.tracer(), &mut workflow);
+    if trace.assigned_root() {
+        persist(&engine, &workflow, true);
+    }
     let mut failures = 0u32;
     loop {
         let next = step(&engine, &mut workflow).await;
@@ -233,6 +243,7 @@ pub async fn run(engine: Arc<Engine>, mut workflow: Workflow) {
                 workflow.step_since_ms = now;
                 persist(&engine, &workflow, true);
                 note_step(&engine, &workflow, &format!("step {step:?}"), Severity::Info);
+                trace.step(&workflow);
             }
             Next::Wait(delay) => {
                 tokio::select! {
@@ -249,6 +260,7 @@ pub async fn run(engine: Arc<Engine>, mut workflow: Workflow) {
                         &format!("{:?} failed, retrying: {error}", workflow.step),
                         Severity::Warning,
                     );
+                    trace.retry(&workflow, &error);
                     workflow.last_error = Some(error);
                     persist(&engine, &workflow, true);
                 }
@@ -261,6 +273,7 @@ pub async fn run(engine: Arc<Engine>, mut workflow: Workflow) {
             }
             Next::Finish(outcome) => {
                 finish(&engine, &mut workflow, outcome, now);
+                trace.finish(&workflow);
                 return;
             }
         }
