@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -85,6 +86,24 @@ fn bad_request(message: impl Into<String>) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, message.into())
 }
 
+/// The request body, or a JSON error naming why it could not be read: axum's own rejection (a body
+/// over the limit answers 413) is plain text, which no client of this API expects. Called after the
+/// token check, so an unauthenticated request is refused for the token whatever its body.
+fn read_body(
+    body: Result<Bytes, BytesRejection>,
+    max_body_bytes: usize,
+) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| {
+        let status = rejection.status();
+        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            format!("the request body is larger than max_body_bytes ({max_body_bytes} bytes)")
+        } else {
+            format!("reading the request body: {}", rejection.body_text())
+        };
+        ApiError(status, message)
+    })
+}
+
 /// Checks `Authorization: Bearer <token>` (or `?token=` where allowed) against `expected`; no
 /// expected token means none is required (loopback or `insecure`).
 fn authorize(
@@ -147,12 +166,16 @@ const MAX_FINDINGS: usize = 10_000;
 async fn report(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     if let Err(err) = authorize(&headers, None, &state.tokens.agent) {
         state.reports.unauthorized.fetch_add(1, Ordering::Relaxed);
         return Err(err);
     }
+    // An oversized body counts as malformed: it is not a report this repairer accepts.
+    let body = read_body(body, state.max_body_bytes).inspect_err(|_| {
+        state.reports.malformed.fetch_add(1, Ordering::Relaxed);
+    })?;
     let report: Report = serde_json::from_slice(&body).map_err(|err| {
         state.reports.malformed.fetch_add(1, Ordering::Relaxed);
         bad_request(format!("malformed report: {err}"))
@@ -218,9 +241,10 @@ async fn alertmanager(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
     Query(query): Query<TokenQuery>,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     authorize(&headers, query.token.as_deref(), &state.tokens.alerts)?;
+    let body = read_body(body, state.max_body_bytes)?;
     let parsed = inbound::parse_alertmanager(&body, &state.inbound)
         .map_err(|err| bad_request(err.to_string()))?;
     let mut answer =
@@ -244,9 +268,10 @@ async fn cloudwatch(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
     Query(query): Query<TokenQuery>,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     authorize(&headers, query.token.as_deref(), &state.tokens.alerts)?;
+    let body = read_body(body, state.max_body_bytes)?;
     let message =
         inbound::parse_sns(&body, &state.inbound).map_err(|err| bad_request(err.to_string()))?;
     let now = now_ms();
@@ -366,9 +391,10 @@ async fn repair(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
     Path(name): Path<String>,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     authorize(&headers, None, &state.tokens.admin)?;
+    let body = read_body(body, state.max_body_bytes)?;
     let body: ActionBody = serde_json::from_slice(&body).map_err(|e| {
         bad_request(format!("expected {{\"action\": \"reboot\"|\"replace\"|\"drain\"}}: {e}"))
     })?;
@@ -381,9 +407,10 @@ async fn approve(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
     Path(name): Path<String>,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     authorize(&headers, None, &state.tokens.admin)?;
+    let body = read_body(body, state.max_body_bytes)?;
     let body: ActionBody = if body.is_empty() {
         ActionBody { action: None }
     } else {

@@ -495,7 +495,10 @@ async fn step(engine: &Arc<Engine>, wf: &mut Workflow) -> Next {
         }
         Step::Validate => {
             let target = wf.replacement.clone().unwrap_or_else(|| wf.node.clone());
-            let id = format!("deep-check-{}-{}", wf.id, wf.attempt);
+            // Unique per validation of this workflow (the action changes when a reboot escalates
+            // to a replacement, whose attempts count from 1 again): results are at-least-once, so
+            // a late copy of an earlier validation's result must not answer this one.
+            let id = format!("deep-check-{}-{}-{}", wf.id, wf.action, wf.attempt);
             if wf.validation.as_deref() != Some(id.as_str()) {
                 wf.validation = Some(id.clone());
                 wf.step_since_ms = now;
@@ -677,6 +680,29 @@ fn finish(engine: &Arc<Engine>, wf: &mut Workflow, outcome: Outcome, now: u64) {
     });
     if let Err(err) = result {
         tracing::error!(workflow = wf.id, error = %err, "finishing the workflow failed");
+    }
+    if let (Outcome::Quarantined, Some(new_node)) = (outcome, &target)
+        && engine.node(new_node).is_some()
+    {
+        // The replacement failed its validation or was drained by someone else: it goes to a
+        // person too, rather than staying `validating` with no workflow left to finish it.
+        let result = engine.with_node(new_node, |n| {
+            engine.transition(
+                n,
+                NodeState::Quarantined,
+                &format!("as the replacement of {}: {reason}", wf.node),
+                Actor::repairer(),
+                now,
+            )
+        });
+        if let Err(err) = result {
+            tracing::error!(
+                workflow = wf.id,
+                node = %new_node,
+                error = %err,
+                "quarantining the replacement failed"
+            );
+        }
     }
     if let (Outcome::Repaired, Some(new_node)) = (outcome, &target) {
         let _ = engine.with_node(new_node, |n| {
