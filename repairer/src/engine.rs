@@ -177,6 +177,9 @@ pub struct Engine {
     /// Raised when a report may let a waiting workflow step go on.
     pub(crate) progress: Notify,
     pub counters: EngineCounters,
+    /// When this process loaded the nodes: reports are not persisted, so a node's silence counts
+    /// from here, not from a report a previous process received (a restart is not an outage).
+    started_ms: u64,
     /// Traces of the workflows, when `[telemetry]` exports them (set before `start`).
     tracer: std::sync::OnceLock<Arc<crate::telemetry::WorkflowTracer>>,
 }
@@ -223,6 +226,7 @@ impl Engine {
             event_appended: Arc::new(Notify::new()),
             progress: Notify::new(),
             counters: EngineCounters::default(),
+            started_ms: now_ms(),
             tracer: std::sync::OnceLock::new(),
         }))
     }
@@ -341,11 +345,14 @@ impl Engine {
             }
         };
         let rebooted = !node.boot_id.is_empty() && node.boot_id != report.boot_id;
+        // A new node or a new agent version is saved at once: a restarted repairer must know
+        // every node, including those that never had a finding.
+        let new_agent = node.agent_version.is_empty() || node.agent_version != report.agent_version;
         node.boot_id.clone_from(&report.boot_id);
         node.agent_version.clone_from(&report.agent_version);
         node.last_report_ms = now;
         node.last_seq = report.seq;
-        let mut changed = rebooted || node.agent_version.is_empty();
+        let mut changed = rebooted || new_agent;
         // The node reports: it is not unreachable.
         changed |= remove_findings(node, |t| {
             t.source == FindingSource::Repairer && t.finding.finding == "unreachable"
@@ -430,7 +437,8 @@ impl Engine {
         let names: Vec<String> = {
             let mut nodes = lock(&self.nodes);
             for node in nodes.values_mut() {
-                let silent = now.saturating_sub(node.last_report_ms) > deadline;
+                let silent =
+                    now.saturating_sub(node.last_report_ms.max(self.started_ms)) > deadline;
                 let tracked = node.findings.iter().any(|t| t.finding.finding == "unreachable");
                 if silent
                     && !tracked
