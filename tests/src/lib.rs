@@ -210,3 +210,80 @@ pub fn run_with_timeout(command: &mut Command, timeout: Duration) -> Output {
         stderr: stderr.join().unwrap_or_default(),
     }
 }
+
+/// A minimal blocking HTTP/1.1 POST of a JSON body: status and body, or `None` when the server
+/// could not be reached or answered nothing parseable (a test polling a restarting server retries).
+pub fn http_post_json(addr: SocketAddr, path: &str, json: &str) -> Option<(u16, String)> {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    stream.set_write_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{json}",
+        json.len()
+    )
+    .ok()?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).ok()?;
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    Some((status, body))
+}
+
+/// Starts `fleetmend repairer --config CONFIG`, stderr to `stderr_path` (appended, so a restarted
+/// repairer's log follows the killed one's), and waits until `/healthz` on `listen` answers.
+///
+/// A port just freed by a killed repairer can take a moment to bind again: a start that exits
+/// early is retried until `timeout`.
+pub fn start_repairer(
+    config: &Path,
+    listen: SocketAddr,
+    stderr_path: &Path,
+    timeout: Duration,
+) -> Running {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(stderr_path)
+            .expect("open the repairer's stderr file");
+        let child = Command::new(fleetmend_bin())
+            .arg("repairer")
+            .arg("--config")
+            .arg(config)
+            .env("FLEETMEND_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn fleetmend repairer");
+        let mut running = Running { child, stderr_path: stderr_path.to_owned() };
+        let mut exited = None;
+        let up = poll_until(deadline.saturating_duration_since(Instant::now()), || {
+            if let Ok(Some(status)) = running.child.try_wait() {
+                exited = Some(status);
+                return true;
+            }
+            http_get(listen, "/healthz").is_some_and(|(status, _)| status == 200)
+        });
+        match exited {
+            None if up => return running,
+            None => panic!(
+                "repairer did not answer /healthz on {listen} within {timeout:?}:\n{}",
+                running.stderr()
+            ),
+            Some(status) if Instant::now() >= deadline => {
+                panic!("repairer exited ({status}) and did not start again:\n{}", running.stderr())
+            }
+            Some(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}

@@ -1,0 +1,601 @@
+//! The real repairer killed with SIGKILL at each step of a reboot workflow, then started again on
+//! the same store and port: the workflow finishes exactly once, the node is rebooted exactly once
+//! (a reboot that was done is not repeated, one in flight is not lost), and the restart disturbs
+//! no other node.
+//!
+//! The repairer drives the `command` provider, whose reboot command appends the node's name to a
+//! file, and the `memory` scheduler. A scripted agent in this test reports for four nodes every
+//! 200 ms over plain HTTP, turns a node's boot id over once the reboot file names it, and answers
+//! deep checks in its next report. To land a kill at a chosen step, the agent (or the reboot
+//! command) holds back the one thing the workflow waits for at that step until the kill is done.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use fleetmend_proto::{
+    CommandResult, Finding, RecommendedAction, Report, ReportReply, ReportTrigger, Status, Verdict,
+    WIRE_VERSION, command_kind,
+};
+use fleetmend_tests::{Running, free_port, http_get, http_post_json, poll_until, start_repairer};
+use serde_json::Value;
+
+const NODES: [&str; 4] = ["n1", "n2", "n3", "n4"];
+/// The node that gets the fault.
+const SICK: &str = "n1";
+const REPORT_INTERVAL: Duration = Duration::from_millis(200);
+/// Generous: the test machine is shared and loaded.
+const STEP_DEADLINE: Duration = Duration::from_secs(60);
+const FINISH_DEADLINE: Duration = Duration::from_secs(120);
+const START_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Where in the workflow the repairer is killed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KillPoint {
+    /// The decision is recorded and the node is draining.
+    AfterDecision,
+    /// The drain call returned (the checkpoint step was written); the workflow waits in settle.
+    AfterDrain,
+    /// The reboot command is running: it wrote its line and has not returned.
+    RebootInFlight,
+    /// The reboot command returned and the workflow awaits the node's new boot id.
+    AwaitingBoot,
+    /// The deep check was delivered to the agent, which has not answered.
+    Validating,
+}
+
+impl KillPoint {
+    /// The reboot command blocks (after writing its line) until the test lets it return.
+    fn reboot_blocks(self) -> bool {
+        self == KillPoint::RebootInFlight
+    }
+
+    /// The agent keeps its old boot id, though rebooted, until the kill.
+    fn holds_reboot(self) -> bool {
+        matches!(self, KillPoint::RebootInFlight | KillPoint::AwaitingBoot)
+    }
+
+    /// The agent withholds its deep-check answer until the kill.
+    fn holds_deep_check(self) -> bool {
+        self == KillPoint::Validating
+    }
+
+    fn reached(self, fleet: &Fleet, agent: &ScriptedAgent) -> bool {
+        let events = fleet.events();
+        let has_step = |step: &str| {
+            events.iter().any(|e| {
+                kind(e) == "workflow-step"
+                    && node(e) == SICK
+                    && e["reason"] == format!("step {step}")
+            })
+        };
+        match self {
+            KillPoint::AfterDecision => events.iter().any(|e| {
+                kind(e) == "state-changed" && node(e) == SICK && e["to_state"] == "draining"
+            }),
+            KillPoint::AfterDrain => has_step("Checkpoint"),
+            KillPoint::RebootInFlight => fleet.reboots().iter().any(|n| n == SICK),
+            KillPoint::AwaitingBoot => has_step("AwaitBoot"),
+            KillPoint::Validating => agent.deep_checks_delivered(SICK) > 0,
+        }
+    }
+}
+
+fn kind(event: &Value) -> &str {
+    event["kind"].as_str().unwrap_or_default()
+}
+
+fn node(event: &Value) -> &str {
+    event["node"].as_str().unwrap_or_default()
+}
+
+/// One repairer's world: config, store, reboot file, port.
+struct Fleet {
+    dir: tempfile::TempDir,
+    listen: SocketAddr,
+    config: PathBuf,
+    reboots: PathBuf,
+    /// The reboot command waits for this file when the kill point needs a reboot in flight.
+    reboot_gate: PathBuf,
+}
+
+impl Fleet {
+    fn new(kill: KillPoint) -> Fleet {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let reboots = dir.path().join("reboots");
+        let reboot_gate = dir.path().join("reboot-returns");
+        // The node name is substituted by the provider (it refuses names that are not plain);
+        // the paths are quoted for the shell.
+        let mut reboot = format!("echo {{node}} >> '{}'", reboots.display());
+        if kill.reboot_blocks() {
+            // Stops waiting if the directory goes away, so no shell outlives a failed test.
+            reboot.push_str(&format!(
+                "; while [ -d '{}' ] && [ ! -e '{}' ]; do sleep 0.05; done",
+                dir.path().display(),
+                reboot_gate.display()
+            ));
+        }
+        let config = dir.path().join("repairer.toml");
+        let text = format!(
+            r#"listen = "{listen}"
+store = "{store}"
+scheduler = "memory"
+
+[engine]
+tick = "50ms"
+report_interval = "{interval}ms"
+unreachable_after = 5
+
+[engine.workflow]
+call_timeout = "20s"
+checkpoint_grace = "0s"
+reboot_timeout = "10s"
+validate_timeout = "30s"
+retry_initial = "100ms"
+retry_max = "1s"
+
+[policy.guard_rails]
+# A settle window holds the workflow after the drain, so the kills before the reboot land there.
+settle = "2s"
+cooldown = "1m"
+
+[provider]
+kind = "command"
+reboot = ["sh", "-c", {reboot}]
+reboot_timeout = "2m"
+"#,
+            store = dir.path().join("repairer.db").display(),
+            interval = REPORT_INTERVAL.as_millis(),
+            reboot = toml_string(&reboot),
+        );
+        std::fs::write(&config, text).expect("write the repairer config");
+        Fleet { dir, listen, config, reboots, reboot_gate }
+    }
+
+    fn start_repairer(&self) -> Running {
+        start_repairer(
+            &self.config,
+            self.listen,
+            &self.dir.path().join("repairer.stderr"),
+            START_DEADLINE,
+        )
+    }
+
+    /// Lines of the reboot file: one node name per reboot issued.
+    fn reboots(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.reboots)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn let_reboot_return(&self) {
+        std::fs::write(&self.reboot_gate, b"").expect("write the reboot gate");
+    }
+
+    /// Every event so far (empty while the repairer does not answer).
+    fn events(&self) -> Vec<Value> {
+        http_get(self.listen, "/v1/events?limit=10000")
+            .filter(|(status, _)| *status == 200)
+            .and_then(|(_, body)| serde_json::from_str::<Vec<Value>>(&body).ok())
+            .unwrap_or_default()
+    }
+
+    /// Node name → state.
+    fn states(&self) -> Vec<(String, String)> {
+        http_get(self.listen, "/v1/nodes")
+            .filter(|(status, _)| *status == 200)
+            .and_then(|(_, body)| serde_json::from_str::<Vec<Value>>(&body).ok())
+            .unwrap_or_default()
+            .iter()
+            .map(|n| {
+                (
+                    n["name"].as_str().unwrap_or_default().to_owned(),
+                    n["state"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    fn state_of(&self, name: &str) -> Option<String> {
+        self.states().into_iter().find(|(n, _)| n == name).map(|(_, s)| s)
+    }
+
+    /// The last workflow step recorded for the sick node (for failure messages).
+    fn last_step(&self) -> String {
+        self.events()
+            .iter()
+            .rev()
+            .find(|e| kind(e) == "workflow-step" && node(e) == SICK)
+            .map(|e| e["reason"].as_str().unwrap_or_default().to_owned())
+            .unwrap_or_else(|| "no step yet".to_owned())
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        // A reboot command left blocked by a failed test returns now.
+        let _ = std::fs::write(&self.reboot_gate, b"");
+    }
+}
+
+/// A TOML basic string.
+fn toml_string(text: &str) -> String {
+    let mut out = String::from("\"");
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// What the test tells the scripted agent.
+#[derive(Debug, Default)]
+struct AgentControl {
+    /// The sick node reports Xid 79 (until it reboots).
+    xid: bool,
+    /// Rebooted nodes keep their old boot id until released.
+    hold_reboot: bool,
+    /// Deep checks are run but their answers are withheld until released.
+    hold_deep_check: bool,
+    stop: bool,
+}
+
+/// One simulated node.
+#[derive(Debug)]
+struct SimulatedNode {
+    name: &'static str,
+    /// How many boots since the test started; part of the boot id.
+    boots: usize,
+    seq: u64,
+    /// Command ids received (an agent runs an id once).
+    seen: BTreeSet<String>,
+    /// Results to carry in every report until one is accepted.
+    results: Vec<CommandResult>,
+    /// Answers held back while `hold_deep_check`.
+    withheld: Vec<CommandResult>,
+    deep_checks_delivered: usize,
+}
+
+#[derive(Debug, Default)]
+struct AgentShared {
+    control: AgentControl,
+    /// Report rounds sent (each: one report per node, answered or not).
+    rounds: u64,
+    /// Per node: deep-check commands delivered.
+    deep_checks: Vec<(&'static str, usize)>,
+}
+
+/// Reports for every node every [`REPORT_INTERVAL`] from its own thread, across repairer restarts.
+struct ScriptedAgent {
+    shared: Arc<Mutex<AgentShared>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ScriptedAgent {
+    fn start(repairer: SocketAddr, reboots: PathBuf) -> ScriptedAgent {
+        let shared = Arc::new(Mutex::new(AgentShared::default()));
+        let thread = {
+            let shared = shared.clone();
+            std::thread::spawn(move || agent_loop(repairer, &reboots, &shared))
+        };
+        ScriptedAgent { shared, thread: Some(thread) }
+    }
+
+    fn shared(&self) -> MutexGuard<'_, AgentShared> {
+        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn control(&self, f: impl FnOnce(&mut AgentControl)) {
+        f(&mut self.shared().control);
+    }
+
+    fn rounds(&self) -> u64 {
+        self.shared().rounds
+    }
+
+    fn deep_checks_delivered(&self, name: &str) -> usize {
+        self.shared().deep_checks.iter().find(|(n, _)| *n == name).map_or(0, |(_, c)| *c)
+    }
+
+    /// Waits until the agent sent `rounds` more report rounds (time for the repairer to act on
+    /// them, measured in reports rather than slept).
+    fn wait_rounds(&self, rounds: u64) {
+        let target = self.rounds() + rounds;
+        assert!(
+            poll_until(STEP_DEADLINE, || self.rounds() >= target),
+            "the scripted agent stopped reporting"
+        );
+    }
+}
+
+impl Drop for ScriptedAgent {
+    fn drop(&mut self) {
+        self.control(|c| c.stop = true);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn agent_loop(repairer: SocketAddr, reboots: &Path, shared: &Mutex<AgentShared>) {
+    let lock = || shared.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut nodes: Vec<SimulatedNode> = NODES
+        .iter()
+        .map(|name| SimulatedNode {
+            name,
+            boots: 0,
+            seq: 0,
+            seen: BTreeSet::new(),
+            results: Vec::new(),
+            withheld: Vec::new(),
+            deep_checks_delivered: 0,
+        })
+        .collect();
+    // The report cadence: the agent's interval, not a wait for anything.
+    let mut next = Instant::now();
+    loop {
+        let (xid, hold_reboot, hold_deep_check) = {
+            let shared = lock();
+            if shared.control.stop {
+                return;
+            }
+            let c = &shared.control;
+            (c.xid, c.hold_reboot, c.hold_deep_check)
+        };
+        let reboot_lines = std::fs::read_to_string(reboots).unwrap_or_default();
+        for node in &mut nodes {
+            let reboots_issued = reboot_lines.lines().filter(|l| *l == node.name).count();
+            if !hold_reboot && reboots_issued > node.boots {
+                // The node went down and came back: a new boot id, and the fault is gone.
+                node.boots = reboots_issued;
+            }
+            if !hold_deep_check {
+                node.results.append(&mut node.withheld);
+            }
+            node.seq += 1;
+            let mut findings = Vec::new();
+            if xid && node.name == SICK && node.boots == 0 {
+                findings.push(
+                    Finding::new(
+                        "gpu",
+                        "xid",
+                        "0",
+                        Status::Fail,
+                        RecommendedAction::Reboot,
+                        "Xid 79: GPU has fallen off the bus",
+                    )
+                    .with_label("xid", "79"),
+                );
+            }
+            let report = Report {
+                wire_version: WIRE_VERSION,
+                node: node.name.to_owned(),
+                boot_id: format!("{}-boot-{}", node.name, node.boots),
+                agent_version: "scripted".to_owned(),
+                seq: node.seq,
+                sent_at_ms: now_ms(),
+                trigger: if node.results.is_empty() {
+                    ReportTrigger::Interval
+                } else {
+                    ReportTrigger::Command
+                },
+                verdict: Verdict::of(&findings),
+                checks: Vec::new(),
+                findings,
+                command_results: node.results.clone(),
+            };
+            let body = serde_json::to_string(&report).expect("serialize a report");
+            let Some((200, reply)) = http_post_json(repairer, "/v1/reports", &body) else {
+                // The repairer is down or refused it: the results travel in the next report.
+                continue;
+            };
+            node.results.clear();
+            let reply: ReportReply = serde_json::from_str(&reply).expect("parse the report reply");
+            for command in reply.commands {
+                if command.kind != command_kind::DEEP_CHECK || !node.seen.insert(command.id.clone())
+                {
+                    continue;
+                }
+                node.deep_checks_delivered += 1;
+                let result = CommandResult {
+                    id: command.id,
+                    kind: command.kind,
+                    ok: true,
+                    message: "healthy".to_owned(),
+                    verdict: Some(Verdict::Healthy),
+                    findings: Vec::new(),
+                    finished_at_ms: now_ms(),
+                };
+                if hold_deep_check {
+                    node.withheld.push(result);
+                } else {
+                    node.results.push(result);
+                }
+            }
+        }
+        {
+            let mut shared = lock();
+            shared.rounds += 1;
+            shared.deep_checks = nodes.iter().map(|n| (n.name, n.deep_checks_delivered)).collect();
+        }
+        next += REPORT_INTERVAL;
+        let now = Instant::now();
+        if next > now {
+            std::thread::sleep(next - now);
+        } else {
+            next = now;
+        }
+    }
+}
+
+/// Runs the reboot workflow for Xid 79 on n1, kills the repairer with SIGKILL at `kill`, starts it
+/// again on the same store and port, and checks the workflow finished once with one reboot.
+fn kill_and_resume(kill: KillPoint) {
+    let fleet = Fleet::new(kill);
+    let mut repairer = fleet.start_repairer();
+    let agent = ScriptedAgent::start(fleet.listen, fleet.reboots.clone());
+
+    // The fleet as it is before the fault: every node known and healthy for a while.
+    assert!(
+        poll_until(STEP_DEADLINE, || {
+            let states = fleet.states();
+            states.len() == NODES.len() && states.iter().all(|(_, s)| s == "healthy")
+        }),
+        "the four nodes did not show up healthy: {:?}\n{}",
+        fleet.states(),
+        repairer.stderr()
+    );
+    agent.wait_rounds(10);
+
+    agent.control(|c| {
+        c.hold_reboot = kill.holds_reboot();
+        c.hold_deep_check = kill.holds_deep_check();
+        c.xid = true;
+    });
+    assert!(
+        poll_until(STEP_DEADLINE, || kill.reached(&fleet, &agent)),
+        "the workflow did not reach {kill:?} (last step: {})\nreboots: {:?}\n{}",
+        fleet.last_step(),
+        fleet.reboots(),
+        repairer.stderr()
+    );
+    let step_at_kill = fleet.last_step();
+    repairer.child.kill().expect("SIGKILL the repairer");
+    repairer.child.wait().expect("reap the repairer");
+    let reboots_at_kill = fleet.reboots();
+    match kill {
+        KillPoint::AfterDecision | KillPoint::AfterDrain => assert!(
+            reboots_at_kill.is_empty(),
+            "{kill:?}: the kill was meant to land before the reboot, but it was issued already \
+             (last step {step_at_kill})"
+        ),
+        _ => assert_eq!(reboots_at_kill, [SICK], "{kill:?}: one reboot before the kill"),
+    }
+
+    // What the workflow waited on happens while the repairer is down.
+    fleet.let_reboot_return();
+    agent.control(|c| {
+        c.hold_reboot = false;
+        c.hold_deep_check = false;
+    });
+    let repairer = fleet.start_repairer();
+
+    let finished = |events: &[Value]| {
+        events
+            .iter()
+            .filter(|e| kind(e) == "repair-finished" && node(e) == SICK)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let done = poll_until(FINISH_DEADLINE, || {
+        !finished(&fleet.events()).is_empty() && fleet.state_of(SICK).as_deref() == Some("healthy")
+    });
+    assert!(
+        done,
+        "{kill:?} (killed at {step_at_kill:?}): the workflow did not finish after the restart \
+         (last step {:?}, {SICK} is {:?}, reboots {:?})\n{}",
+        fleet.last_step(),
+        fleet.state_of(SICK),
+        fleet.reboots(),
+        repairer.stderr()
+    );
+    // Time for a repeated reboot or a second finish to show, counted in report rounds.
+    agent.wait_rounds(15);
+
+    let events = fleet.events();
+    let finished = finished(&events);
+    assert_eq!(
+        finished.len(),
+        1,
+        "{kill:?}: exactly one repair-finished for {SICK}: {finished:#?}"
+    );
+    let workflow = &finished[0]["workflow"];
+    assert!(workflow.is_i64(), "the repair-finished event names its workflow: {:#}", finished[0]);
+    assert_eq!(
+        finished[0]["reason"], "reboot repaired and validated",
+        "{kill:?}: {:#}",
+        finished[0]
+    );
+    let decisions: Vec<&Value> =
+        events.iter().filter(|e| kind(e) == "decision" && node(e) == SICK).collect();
+    assert_eq!(decisions.len(), 1, "{kill:?}: one decision, one workflow: {decisions:#?}");
+    let finishes_of_workflow = events
+        .iter()
+        .filter(|e| kind(e) == "repair-finished" && &e["workflow"] == workflow)
+        .count();
+    assert_eq!(finishes_of_workflow, 1, "{kill:?}: one finish of workflow {workflow}");
+    assert_eq!(
+        fleet.reboots(),
+        [SICK],
+        "{kill:?} (killed at {step_at_kill:?}): {SICK} rebooted exactly once"
+    );
+    assert_eq!(fleet.state_of(SICK).as_deref(), Some("healthy"));
+
+    // The restart itself must neither forget the fleet (a node that died while the repairer was
+    // down must still be missed) nor disturb it: the repairer was not listening, so silence while
+    // it was down says nothing about the nodes.
+    for name in NODES {
+        let joined: Vec<&Value> =
+            events.iter().filter(|e| kind(e) == "node-joined" && node(e) == name).collect();
+        assert_eq!(
+            joined.len(),
+            1,
+            "{kill:?}: {name} joined once; the restarted repairer must remember it: {joined:#?}"
+        );
+    }
+    let disturbed: Vec<&Value> = events
+        .iter()
+        .filter(|e| (kind(e) == "state-changed" && node(e) != SICK) || kind(e) == "breaker")
+        .collect();
+    assert!(
+        disturbed.is_empty(),
+        "{kill:?}: the restart changed other nodes or the breaker: {disturbed:#?}"
+    );
+    for (name, state) in fleet.states() {
+        assert_eq!(state, "healthy", "{kill:?}: {name} after the repair");
+    }
+}
+
+#[test]
+fn killed_right_after_the_decision_the_workflow_completes_once() {
+    kill_and_resume(KillPoint::AfterDecision);
+}
+
+#[test]
+fn killed_after_the_drain_the_workflow_completes_once() {
+    kill_and_resume(KillPoint::AfterDrain);
+}
+
+#[test]
+fn killed_while_the_reboot_command_runs_the_reboot_is_awaited_not_repeated() {
+    kill_and_resume(KillPoint::RebootInFlight);
+}
+
+#[test]
+fn killed_while_awaiting_the_boot_the_reboot_is_not_repeated() {
+    kill_and_resume(KillPoint::AwaitingBoot);
+}
+
+#[test]
+fn killed_while_the_deep_check_is_unanswered_validation_completes_once() {
+    kill_and_resume(KillPoint::Validating);
+}
