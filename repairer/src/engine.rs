@@ -85,6 +85,10 @@ pub struct NodeRecord {
     pub workflow: Option<i64>,
     /// Set when a replacement retired this node.
     pub replaced_by: Option<String>,
+    /// A person drained it (`fleetmend drain`): it is theirs until they undrain it; no rule
+    /// releases or repairs it meanwhile.
+    #[serde(default)]
+    pub drained_by_person: bool,
 }
 
 impl NodeRecord {
@@ -106,6 +110,7 @@ impl NodeRecord {
             unhealthy_since_ms: None,
             workflow: None,
             replaced_by: None,
+            drained_by_person: false,
         }
     }
 
@@ -555,6 +560,9 @@ impl Engine {
         let breaker_open = self.check_breaker(&nodes, now)?;
         let fleet = Self::fleet_view(&nodes, breaker_open);
         let Some(node) = nodes.get_mut(name) else { return Ok(()) };
+        if node.drained_by_person && node.state == NodeState::Drained {
+            return Ok(());
+        }
         let decision = policy::decide(
             NodeView {
                 state: node.state,
@@ -899,6 +907,7 @@ impl Engine {
             reason: format!("{who} asked for {action}"),
             findings: node.findings.iter().map(|t| t.finding.clone()).collect(),
         };
+        node.drained_by_person = action == RuleAction::Drain;
         let workflow = self.begin_workflow(node, &verdict, Actor::person(who), now)?;
         let id = workflow.id;
         drop(nodes);
@@ -934,6 +943,7 @@ impl Engine {
             )?;
             node.cooldown_until_ms = now + self.policy.guard_rails.cooldown.as_millis() as u64;
             node.last_noted = None;
+            node.drained_by_person = false;
             Ok(())
         })?;
         Ok(outcome)

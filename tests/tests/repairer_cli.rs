@@ -118,6 +118,12 @@ fn client_verbs_drive_a_real_repairer() {
         "{}",
         repairer.stderr()
     );
+    // A person's drain is theirs: the repairer does not release it although the node is healthy.
+    // (A bounded look at a condition that must not change; the tick runs every 100 ms.)
+    let released = poll_until(Duration::from_millis(1500), || {
+        node_state(repairer_addr, "gpu-node-1") != "drained"
+    });
+    assert!(!released, "the repairer undrained a node a person drained:\n{}", repairer.stderr());
     let (_, events, _) =
         cli(repairer_addr, ADMIN, &["events", "--node", "gpu-node-1", "--output", "json"]);
     let events: Vec<serde_json::Value> = serde_json::from_str(&events).unwrap();
