@@ -820,6 +820,11 @@ impl Engine {
         Ok(value)
     }
 
+    /// Identifies this repairer process (its start time), for command ids that must not outlive it.
+    pub(crate) fn instance(&self) -> u64 {
+        self.started_ms
+    }
+
     /// Whether automatic repairs may go on now (the breaker is closed).
     pub(crate) fn breaker_open(&self) -> bool {
         lock(&self.breaker).open

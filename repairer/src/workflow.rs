@@ -497,8 +497,11 @@ async fn step(engine: &Arc<Engine>, wf: &mut Workflow) -> Next {
             let target = wf.replacement.clone().unwrap_or_else(|| wf.node.clone());
             // Unique per validation of this workflow (the action changes when a reboot escalates
             // to a replacement, whose attempts count from 1 again): results are at-least-once, so
-            // a late copy of an earlier validation's result must not answer this one.
-            let id = format!("deep-check-{}-{}-{}", wf.id, wf.action, wf.attempt);
+            // a late copy of an earlier validation's result must not answer this one. Results live
+            // in memory, so the id also names this repairer process: after a restart the check is
+            // asked for afresh instead of waiting for a result the agent already delivered.
+            let id =
+                format!("deep-check-{}-{}-{}-{}", wf.id, wf.action, wf.attempt, engine.instance());
             if wf.validation.as_deref() != Some(id.as_str()) {
                 wf.validation = Some(id.clone());
                 wf.step_since_ms = now;
