@@ -316,14 +316,26 @@ impl Engine {
         counts
     }
 
-    fn fleet_view(nodes: &BTreeMap<String, NodeRecord>, breaker_open: bool) -> FleetView {
-        let members = nodes.values().filter(|n| n.state.is_member()).count() as u32;
-        let unavailable = nodes.values().filter(|n| n.state.is_unavailable()).count() as u32;
-        let repairs_in_flight = nodes
-            .values()
-            .filter(|n| matches!(n.state, NodeState::Repairing | NodeState::Validating))
-            .count() as u32;
-        FleetView { members, unavailable, repairs_in_flight, breaker_open }
+    /// The fleet as the guard rails see it (breaker not yet filled in), and how many members
+    /// turned unhealthy within `breaker_window` of `now`, in one pass: it runs under the nodes lock
+    /// on every decision, and at 100,000 nodes five separate passes held the lock for ~30 ms per
+    /// decision, stalling every report behind it (see BENCHMARKS.md).
+    fn fleet_view(&self, nodes: &BTreeMap<String, NodeRecord>, now: u64) -> (FleetView, u32) {
+        let window = self.policy.guard_rails.breaker_window.as_millis() as u64;
+        let mut fleet =
+            FleetView { members: 0, unavailable: 0, repairs_in_flight: 0, breaker_open: false };
+        let mut recently_unhealthy = 0;
+        for node in nodes.values() {
+            let member = node.state.is_member();
+            fleet.members += u32::from(member);
+            fleet.unavailable += u32::from(node.state.is_unavailable());
+            fleet.repairs_in_flight +=
+                u32::from(matches!(node.state, NodeState::Repairing | NodeState::Validating));
+            recently_unhealthy += u32::from(
+                member && node.unhealthy_since_ms.is_some_and(|t| now.saturating_sub(t) <= window),
+            );
+        }
+        (fleet, recently_unhealthy)
     }
 
     /// Takes in a report; returns the reply (commands for the node).
@@ -357,7 +369,7 @@ impl Engine {
         node.agent_version.clone_from(&report.agent_version);
         node.last_report_ms = now;
         node.last_seq = report.seq;
-        let mut changed = rebooted || new_agent;
+        let mut changed = rebooted;
         // The node reports: it is not unreachable.
         changed |= remove_findings(node, |t| {
             t.source == FindingSource::Repairer && t.finding.finding == "unreachable"
@@ -365,10 +377,13 @@ impl Engine {
         let incoming: Vec<&Finding> =
             report.findings.iter().filter(|f| f.status != Status::Ok).collect();
         changed |= track(node, FindingSource::Agent, &incoming, now);
-        if changed {
+        if changed || new_agent {
             self.save(node)?;
         }
         drop(nodes);
+        // Only a change that decide() reads decides again: evaluate() scans the whole fleet (guard
+        // rails, breaker), so deciding on every first report made 100,000 joining nodes 100,000
+        // fleet scans (a join rate falling to ~1,800/s at 20,000 nodes; see BENCHMARKS.md).
         if changed {
             self.evaluate(&report.node, now)?;
         }
@@ -513,26 +528,14 @@ impl Engine {
         }
     }
 
-    /// Opens the breaker when a storm is under way; returns whether it is open.
-    fn check_breaker(
-        &self,
-        nodes: &BTreeMap<String, NodeRecord>,
-        now: u64,
-    ) -> Result<bool, StoreError> {
+    /// Opens the breaker when a storm is under way (`recent` of `members` nodes turned unhealthy
+    /// within the breaker window); returns whether it is open.
+    fn check_breaker(&self, members: u32, recent: u32, now: u64) -> Result<bool, StoreError> {
         let mut breaker = lock(&self.breaker);
         if breaker.open {
             return Ok(true);
         }
         let guard = &self.policy.guard_rails;
-        let window = guard.breaker_window.as_millis() as u64;
-        let members = nodes.values().filter(|n| n.state.is_member()).count() as u32;
-        let recent = nodes
-            .values()
-            .filter(|n| {
-                n.state.is_member()
-                    && n.unhealthy_since_ms.is_some_and(|t| now.saturating_sub(t) <= window)
-            })
-            .count() as u32;
         if policy::breaker_trips(recent, members, guard) {
             let reason = format!(
                 "{recent} of {members} nodes turned unhealthy within {}: automatic action stopped until a person closes the breaker",
@@ -557,8 +560,8 @@ impl Engine {
     /// Decides about one node and carries out the decision.
     pub fn evaluate(self: &Arc<Self>, name: &str, now: u64) -> Result<(), EngineError> {
         let mut nodes = lock(&self.nodes);
-        let breaker_open = self.check_breaker(&nodes, now)?;
-        let fleet = Self::fleet_view(&nodes, breaker_open);
+        let (mut fleet, recently_unhealthy) = self.fleet_view(&nodes, now);
+        fleet.breaker_open = self.check_breaker(fleet.members, recently_unhealthy, now)?;
         let Some(node) = nodes.get_mut(name) else { return Ok(()) };
         if node.drained_by_person && node.state == NodeState::Drained {
             return Ok(());
