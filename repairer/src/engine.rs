@@ -560,24 +560,37 @@ impl Engine {
     /// Decides about one node and carries out the decision.
     pub fn evaluate(self: &Arc<Self>, name: &str, now: u64) -> Result<(), EngineError> {
         let mut nodes = lock(&self.nodes);
-        let (mut fleet, recently_unhealthy) = self.fleet_view(&nodes, now);
-        fleet.breaker_open = self.check_breaker(fleet.members, recently_unhealthy, now)?;
-        let Some(node) = nodes.get_mut(name) else { return Ok(()) };
+        let Some(node) = nodes.get(name) else { return Ok(()) };
         if node.drained_by_person && node.state == NodeState::Drained {
             return Ok(());
         }
-        let decision = policy::decide(
+        fn view(node: &NodeRecord) -> NodeView<'_> {
             NodeView {
                 state: node.state,
                 findings: &node.findings,
                 history: &node.history,
                 cooldown_until_ms: node.cooldown_until_ms,
                 approved: node.approved,
-            },
-            fleet,
-            &self.policy,
-            now,
-        );
+            }
+        }
+        // decide() reads the fleet only in its guard rails, which it reaches only with a
+        // disruptive verdict (what comes out is then Act, Record or Held); any other decision is
+        // the same whatever the fleet. Counting the fleet takes milliseconds at 100,000 nodes under
+        // this lock, and the tick re-decides every node with a lasting warning each second, so it
+        // is counted only for such a verdict, or when this node just turned unhealthy: the one
+        // moment the breaker's count can rise, so a storm still opens it as it happens.
+        let unknown_fleet =
+            FleetView { members: 0, unavailable: 0, repairs_in_flight: 0, breaker_open: false };
+        let mut decision = policy::decide(view(node), unknown_fleet, &self.policy, now);
+        let turned_unhealthy = node.unhealthy_since_ms == Some(now);
+        if turned_unhealthy
+            || matches!(decision, Decision::Act(_) | Decision::Record(_) | Decision::Held { .. })
+        {
+            let (mut fleet, recently_unhealthy) = self.fleet_view(&nodes, now);
+            fleet.breaker_open = self.check_breaker(fleet.members, recently_unhealthy, now)?;
+            decision = policy::decide(view(node), fleet, &self.policy, now);
+        }
+        let Some(node) = nodes.get_mut(name) else { return Ok(()) };
         match decision {
             Decision::Nothing => {}
             Decision::Become { state, reason } => {
