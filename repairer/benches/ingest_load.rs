@@ -1,0 +1,1264 @@
+//! Ingest benchmark of the repairer: a load generator that plays a fleet of agents against the
+//! release `fleetmend repairer` binary on loopback.
+//!
+//! It starts the repairer itself (temp dir, SQLite store, the `memory` scheduler), then:
+//! 1. join: every node sends its first report once (closed loop);
+//! 2. memory: the repairer's RSS before and after the fleet joined, divided by the node count;
+//! 3. max-rate: every connection sends back to back for a fixed time (closed loop): the most
+//!    reports per second the repairer takes on this machine, with per-request latency;
+//! 4. paced: a fixed rate (open loop: each request has a scheduled send time and its latency is
+//!    measured from that time, so a slow answer is not hidden by the next request waiting), while
+//!    a separate connection sends reports with a fatal finding (Xid 79) for distinct nodes spread
+//!    over the phase; each fatal node's later heartbeats carry the finding too, as an agent's would;
+//! 5. drain latency: for each fatal node, the time from sending the report to the drain call,
+//!    from the audit log (`GET /v1/events?node=`: the first `workflow-step` event is written right
+//!    after the scheduler's drain call returned) and from `fleetmend_time_to_drain_seconds`.
+//!
+//! With `--warn N`, N other nodes carry a lasting warning in every report (a disk filling up):
+//! the repairer re-decides about such nodes on every tick, which must not cost the ingest.
+//!
+//! The load generator and the repairer share the machine's cores: the CPU each used is read from
+//! `/proc/PID/task/*/schedstat` and printed with the results.
+//!
+//! Built only when asked (`cargo bench`, `--benches`, `--all-targets`), never by `cargo test`:
+//! `scripts/bench-repairer` builds both in release and runs it. Every phase is bounded in time.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use fleetmend_proto::{
+    CheckRun, Finding, RecommendedAction, Report, ReportTrigger, Status, Verdict, WIRE_VERSION,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::task::JoinSet;
+
+const AGENT_TOKEN: &str = "bench-agent-token";
+const ADMIN_TOKEN: &str = "bench-admin-token";
+/// Every request and every wait has a deadline.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long after the paced phase the drains of the last fatal nodes may take to show.
+const DRAIN_WAIT: Duration = Duration::from_secs(20);
+/// Report intervals of silence before a node is unreachable, in the repairer under test (default
+/// 3). The join phase sends every node's first report once, back to back; a node that joined
+/// early then waits for the join to finish before it reports again, which at this machine's join
+/// rate can exceed 3 intervals (30 s) — an artifact of the phase, not of a fleet whose agents
+/// report every 10 s. In every later phase each node reports at least every 5 s.
+const UNREACHABLE_AFTER: u32 = 12;
+/// Largest response the client accepts (the events of one node, /metrics).
+const MAX_RESPONSE_BYTES: usize = 16 << 20;
+
+/// The benchmark could not run.
+#[derive(Debug, thiserror::Error)]
+enum LoadError {
+    #[error("{0}")]
+    Usage(String),
+    #[error("{what}: {source}")]
+    Io { what: String, source: std::io::Error },
+    #[error("{what}: no answer within {timeout:?}")]
+    Timeout { what: String, timeout: Duration },
+    #[error("{what}: {message}")]
+    Protocol { what: String, message: String },
+    #[error("the repairer {0}")]
+    Repairer(String),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> LoadError {
+    let what = what.into();
+    move |source| LoadError::Io { what, source }
+}
+
+/// Command-line options (`--name value`); `cargo bench` adds `--bench`, which is ignored.
+#[derive(Debug, Clone)]
+struct Options {
+    /// The `fleetmend` binary to benchmark.
+    repairer_bin: PathBuf,
+    /// Distinct node names.
+    nodes: usize,
+    /// Concurrent keep-alive HTTP/1.1 connections.
+    connections: usize,
+    /// Length of the max-rate and of the paced phase.
+    duration: Duration,
+    /// Reports per second in the paced phase.
+    rate: f64,
+    /// Distinct nodes that report a fatal finding during the paced phase.
+    fatal: usize,
+    /// Distinct nodes whose every report carries a warning (a disk filling up): the repairer
+    /// re-decides about such nodes on every tick, so this shows what a fleet with some
+    /// long-lived warnings costs.
+    warn: usize,
+    /// Worker threads of the load generator (1: a current-thread runtime, the least CPU).
+    threads: usize,
+    /// Also write the results as JSON here.
+    json: Option<PathBuf>,
+}
+
+impl Options {
+    fn parse(args: impl Iterator<Item = String>) -> Result<Options, LoadError> {
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("target"));
+        let mut options = Options {
+            repairer_bin: target.join("release").join("fleetmend"),
+            nodes: 100_000,
+            connections: 128,
+            duration: Duration::from_secs(20),
+            rate: 20_000.0,
+            fatal: 200,
+            warn: 0,
+            threads: 1,
+            json: None,
+        };
+        let mut args = args.peekable();
+        while let Some(arg) = args.next() {
+            if arg == "--bench" {
+                continue;
+            }
+            let mut value = |name: &str| {
+                args.next().ok_or_else(|| LoadError::Usage(format!("{name} needs a value")))
+            };
+            let number = |name: &str, text: String| {
+                text.parse::<f64>().ok().filter(|v| v.is_finite() && *v > 0.0).ok_or_else(|| {
+                    LoadError::Usage(format!("{name}: {text:?} is not a number > 0"))
+                })
+            };
+            match arg.as_str() {
+                "--repairer-bin" => options.repairer_bin = PathBuf::from(value(&arg)?),
+                "--nodes" => options.nodes = number(&arg, value(&arg)?)? as usize,
+                "--connections" => options.connections = number(&arg, value(&arg)?)? as usize,
+                "--duration" => {
+                    options.duration = Duration::from_secs_f64(number(&arg, value(&arg)?)?)
+                }
+                "--rate" => options.rate = number(&arg, value(&arg)?)?,
+                "--fatal" => options.fatal = number(&arg, value(&arg)?)? as usize,
+                "--warn" => {
+                    options.warn = value(&arg)?
+                        .parse()
+                        .map_err(|_| LoadError::Usage("--warn: not a whole number".to_owned()))?
+                }
+                "--threads" => options.threads = number(&arg, value(&arg)?)? as usize,
+                "--json" => options.json = Some(PathBuf::from(value(&arg)?)),
+                "-h" | "--help" => {
+                    return Err(LoadError::Usage(
+                        "ingest_load [--repairer-bin PATH] [--nodes 100000] [--connections 128] \
+                         [--duration SECONDS(20)] [--rate 20000] [--fatal 200] [--warn 0] [--threads 1] \
+                         [--json FILE]"
+                            .to_owned(),
+                    ));
+                }
+                other => return Err(LoadError::Usage(format!("unknown option {other:?}"))),
+            }
+        }
+        if options.connections > options.nodes {
+            return Err(LoadError::Usage("--connections must not exceed --nodes".to_owned()));
+        }
+        if options.fatal > options.nodes / 2 || options.warn > options.nodes / 2 {
+            return Err(LoadError::Usage(
+                "--fatal and --warn must each be at most half of --nodes".to_owned(),
+            ));
+        }
+        Ok(options)
+    }
+}
+
+fn main() -> ExitCode {
+    let options = match Options::parse(std::env::args().skip(1)) {
+        Ok(options) => options,
+        Err(err) => {
+            eprintln!("ingest_load: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = if options.threads <= 1 {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(options.threads)
+            .enable_all()
+            .build()
+    };
+    let runtime = match runtime {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("ingest_load: starting the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // On Ctrl-C or SIGTERM the run future is dropped, and with it the repairer process.
+    let outcome = runtime.block_on(async {
+        tokio::select! {
+            result = run(options) => result,
+            signal = stopped() => Err(LoadError::Usage(format!("stopped by {signal}"))),
+        }
+    });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("ingest_load: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn stopped() -> &'static str {
+    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    else {
+        let _ = tokio::signal::ctrl_c().await;
+        return "SIGINT";
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+    }
+}
+
+// --- the repairer under test -------------------------------------------------------------------
+
+/// The repairer process; killed on drop.
+struct RepairerProcess {
+    child: Child,
+    addr: SocketAddr,
+    log: PathBuf,
+    store: PathBuf,
+}
+
+impl RepairerProcess {
+    fn start(bin: &Path, dir: &Path) -> Result<RepairerProcess, LoadError> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(io("finding a free loopback port"))?
+            .port();
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let store = dir.join("repairer.db");
+        let config = dir.join("repairer.toml");
+        // Guard rails at their defaults except max_concurrent_repairs: the fatal findings here are
+        // Xid 79 (reboot), and with 2 repairs at once the rest would be held before their drain.
+        // 200 of 100,000 nodes is 0.2 %: far below max_unavailable_fraction (10 %) and the breaker
+        // (20 % of the fleet within 10 min), written out so the reader sees they cannot interfere.
+        // unreachable_after: see UNREACHABLE_AFTER.
+        let text = format!(
+            "listen = \"{addr}\"\n\
+             store = \"{}\"\n\
+             agent_token = \"{AGENT_TOKEN}\"\n\
+             admin_token = \"{ADMIN_TOKEN}\"\n\
+             scheduler = \"memory\"\n\
+             [policy]\n\
+             mode = \"enforce\"\n\
+             [policy.guard_rails]\n\
+             max_concurrent_repairs = 100000\n\
+             max_unavailable_fraction = 0.10\n\
+             breaker_fraction = 0.20\n\
+             breaker_window = \"10m\"\n\
+             [engine]\n\
+             report_interval = \"10s\"\n\
+             unreachable_after = {UNREACHABLE_AFTER}\n",
+            store.display()
+        );
+        std::fs::write(&config, text).map_err(io(format!("writing {}", config.display())))?;
+        let log = dir.join("repairer.log");
+        let stderr =
+            std::fs::File::create(&log).map_err(io(format!("creating {}", log.display())))?;
+        let child = Command::new(bin)
+            .arg("repairer")
+            .arg("--config")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .map_err(io(format!("starting {}", bin.display())))?;
+        Ok(RepairerProcess { child, addr, log, store })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    /// Polls `/healthz` until it answers.
+    async fn wait_ready(&mut self) -> Result<(), LoadError> {
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        let mut conn = HttpConn::new(self.addr);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(LoadError::Repairer(format!(
+                    "exited at start ({status}):\n{}",
+                    self.log_tail()
+                )));
+            }
+            if let Ok(200) = conn.request("GET", "/healthz", "", b"").await {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(LoadError::Repairer(format!(
+                    "did not answer /healthz within {STARTUP_TIMEOUT:?}:\n{}",
+                    self.log_tail()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// SIGTERM, then SIGKILL if it has not exited within 5 s.
+    fn stop(&mut self) {
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for RepairerProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+// --- /proc -------------------------------------------------------------------------------------
+
+/// CPU time of the process's live threads in seconds (ns precision, from schedstat).
+fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0.0 };
+    let mut total_ns: u64 = 0;
+    for task in tasks.flatten() {
+        let path = task.path().join("schedstat");
+        if let Ok(text) = std::fs::read_to_string(path)
+            && let Some(ns) = text.split_whitespace().next().and_then(|v| v.parse::<u64>().ok())
+        {
+            total_ns += ns;
+        }
+    }
+    total_ns as f64 / 1e9
+}
+
+/// Busy CPU seconds of the whole machine (every process, kernel included), from /proc/stat.
+fn machine_busy_seconds() -> f64 {
+    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(line) = text.lines().next() else { return 0.0 };
+    let ticks: Vec<u64> = line.split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect();
+    // user nice system idle iowait irq softirq steal (guest time is already in user)
+    let busy: u64 =
+        ticks.iter().take(8).enumerate().filter(|(i, _)| *i != 3 && *i != 4).map(|(_, t)| t).sum();
+    busy as f64 / 100.0
+}
+
+/// A `Name: value kB` field of a /proc file (`VmRSS` in `/proc/PID/status`, `MemTotal`).
+fn proc_kib(path: &str, field: &str) -> u64 {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Memory {
+    rss_kib: u64,
+    anon_kib: u64,
+}
+
+fn memory(pid: u32) -> Memory {
+    let status = format!("/proc/{pid}/status");
+    Memory { rss_kib: proc_kib(&status, "VmRSS"), anon_kib: proc_kib(&status, "RssAnon") }
+}
+
+fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name")?.split_once(':').map(|(_, m)| m.trim()))
+        .unwrap_or("unknown CPU")
+        .to_owned();
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let mem_gib = proc_kib("/proc/meminfo", "MemTotal") as f64 / 1024.0 / 1024.0;
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{cores} cores ({model}), {mem_gib:.0} GiB, Linux {}", kernel.trim())
+}
+
+fn unix_ms_f64() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64() * 1000.0).unwrap_or(0.0)
+}
+
+// --- a minimal HTTP/1.1 keep-alive client ------------------------------------------------------
+//
+// Hand-written rather than reqwest/hyper: the load generator shares two cores with the repairer,
+// and every microsecond it spends per request is taken from the system under test.
+
+struct HttpConn {
+    addr: SocketAddr,
+    stream: Option<TcpStream>,
+    out: Vec<u8>,
+    input: Vec<u8>,
+    body: std::ops::Range<usize>,
+}
+
+impl HttpConn {
+    fn new(addr: SocketAddr) -> HttpConn {
+        HttpConn {
+            addr,
+            stream: None,
+            out: Vec::with_capacity(4096),
+            input: Vec::with_capacity(16 * 1024),
+            body: 0..0,
+        }
+    }
+
+    /// One request; returns the status. A failed or timed-out exchange drops the connection
+    /// (the next request opens a new one).
+    async fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        token: &str,
+        body: &[u8],
+    ) -> Result<u16, LoadError> {
+        match tokio::time::timeout(REQUEST_TIMEOUT, self.exchange(method, path, token, body)).await
+        {
+            Ok(Ok(status)) => Ok(status),
+            Ok(Err(err)) => {
+                self.stream = None;
+                Err(err)
+            }
+            Err(_) => {
+                self.stream = None;
+                Err(LoadError::Timeout {
+                    what: format!("{method} {path}"),
+                    timeout: REQUEST_TIMEOUT,
+                })
+            }
+        }
+    }
+
+    fn body(&self) -> &[u8] {
+        &self.input[self.body.clone()]
+    }
+
+    async fn exchange(
+        &mut self,
+        method: &str,
+        path: &str,
+        token: &str,
+        body: &[u8],
+    ) -> Result<u16, LoadError> {
+        let what = || format!("{method} {path}");
+        if self.stream.is_none() {
+            let stream = TcpStream::connect(self.addr).await.map_err(io(what()))?;
+            stream.set_nodelay(true).map_err(io(what()))?;
+            self.stream = Some(stream);
+        }
+        let Some(stream) = self.stream.as_mut() else {
+            return Err(LoadError::Protocol { what: what(), message: "no connection".to_owned() });
+        };
+        self.out.clear();
+        let _ = write!(self.out, "{method} {path} HTTP/1.1\r\nhost: {}\r\n", self.addr);
+        if !token.is_empty() {
+            let _ = write!(self.out, "authorization: Bearer {token}\r\n");
+        }
+        if method == "POST" {
+            let _ = write!(
+                self.out,
+                "content-type: application/json\r\ncontent-length: {}\r\n",
+                body.len()
+            );
+        }
+        self.out.extend_from_slice(b"\r\n");
+        self.out.extend_from_slice(body);
+        stream.write_all(&self.out).await.map_err(io(what()))?;
+
+        self.input.clear();
+        let head_end = loop {
+            if stream.read_buf(&mut self.input).await.map_err(io(what()))? == 0 {
+                return Err(LoadError::Protocol {
+                    what: what(),
+                    message: "connection closed before the answer".to_owned(),
+                });
+            }
+            if let Some(at) = self.input.windows(4).position(|w| w == b"\r\n\r\n") {
+                break at + 4;
+            }
+            if self.input.len() > 64 * 1024 {
+                return Err(LoadError::Protocol {
+                    what: what(),
+                    message: "answer head over 64 KiB".to_owned(),
+                });
+            }
+        };
+        let head = std::str::from_utf8(&self.input[..head_end]).map_err(|_| {
+            LoadError::Protocol { what: what(), message: "answer head is not UTF-8".to_owned() }
+        })?;
+        let status: u16 = head.get(9..12).and_then(|s| s.parse().ok()).ok_or_else(|| {
+            LoadError::Protocol { what: what(), message: format!("bad status line in {head:?}") }
+        })?;
+        let mut length = None;
+        let mut close = false;
+        for line in head.split("\r\n").skip(1) {
+            let Some((name, value)) = line.split_once(':') else { continue };
+            let value = value.trim();
+            if name.eq_ignore_ascii_case("content-length") {
+                length = value.parse::<usize>().ok();
+            } else if name.eq_ignore_ascii_case("transfer-encoding") {
+                return Err(LoadError::Protocol {
+                    what: what(),
+                    message: format!("transfer-encoding {value} is not supported here"),
+                });
+            } else if name.eq_ignore_ascii_case("connection") {
+                close = value.eq_ignore_ascii_case("close");
+            }
+        }
+        let length = length.unwrap_or(0);
+        if length > MAX_RESPONSE_BYTES {
+            return Err(LoadError::Protocol {
+                what: what(),
+                message: format!("answer body of {length} bytes"),
+            });
+        }
+        while self.input.len() < head_end + length {
+            if stream.read_buf(&mut self.input).await.map_err(io(what()))? == 0 {
+                return Err(LoadError::Protocol {
+                    what: what(),
+                    message: "connection closed in the answer body".to_owned(),
+                });
+            }
+        }
+        self.body = head_end..head_end + length;
+        if close {
+            self.stream = None;
+        }
+        Ok(status)
+    }
+}
+
+// --- the reports -------------------------------------------------------------------------------
+
+fn node_name(index: usize, out: &mut String) {
+    out.clear();
+    let _ = write!(out, "gpu-{index:06}");
+}
+
+/// A stable boot id per node (UUID-shaped, as `/proc/sys/kernel/random/boot_id`).
+fn boot_id(index: usize, out: &mut String) {
+    let mut x = (index as u64).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut next = || {
+        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let (a, b) = (next(), next());
+    out.clear();
+    let _ = write!(
+        out,
+        "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+        a >> 32,
+        (a >> 16) & 0xffff,
+        a & 0xfff,
+        0x8000 | (b >> 48) & 0x3fff,
+        b & 0xffff_ffff_ffff
+    );
+}
+
+/// The Xid 79 finding the agent's GPU check makes when a GPU fell off the bus.
+fn fatal_finding() -> Finding {
+    Finding::new(
+        "gpu",
+        "xid",
+        "3",
+        Status::Fail,
+        RecommendedAction::Reboot,
+        "Xid 79 on GPU 3 (0000:9d:00.0): GPU has fallen off the bus",
+    )
+    .with_label("xid", "79")
+    .with_label("pci", "0000:9d:00.0")
+}
+
+/// The disk check's warning about a filling root file system.
+fn warn_finding() -> Finding {
+    Finding::new("disk", "disk_usage", "/", Status::Warn, RecommendedAction::None, "/ is 87 % full")
+        .with_value(0.87)
+}
+
+/// Builds an agent's report in place (the strings keep their capacity between reports).
+struct ReportWriter {
+    report: Report,
+    fatal: Finding,
+    warn: Finding,
+    body: Vec<u8>,
+}
+
+impl ReportWriter {
+    fn new() -> ReportWriter {
+        let check = |name: &str, seconds: f64| CheckRun {
+            check: name.to_owned(),
+            status: Status::Ok,
+            duration_seconds: seconds,
+            timed_out: false,
+            finished_at_ms: 0,
+        };
+        ReportWriter {
+            report: Report {
+                wire_version: WIRE_VERSION,
+                node: String::with_capacity(16),
+                boot_id: String::with_capacity(40),
+                agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+                seq: 0,
+                sent_at_ms: 0,
+                trigger: ReportTrigger::Interval,
+                verdict: Verdict::Healthy,
+                checks: vec![
+                    check("gpu", 0.0213),
+                    check("kernel_log", 0.0004),
+                    check("nic", 0.0011),
+                    check("disk", 0.0032),
+                    check("host", 0.0007),
+                ],
+                findings: Vec::new(),
+                command_results: Vec::new(),
+            },
+            fatal: fatal_finding(),
+            warn: warn_finding(),
+            body: Vec::with_capacity(2048),
+        }
+    }
+
+    /// The report of node `index`: healthy, or carrying the Xid 79 finding, or the warning.
+    fn build(
+        &mut self,
+        index: usize,
+        seq: u64,
+        fatal: bool,
+        warn: bool,
+        trigger: ReportTrigger,
+    ) -> &[u8] {
+        let now = unix_ms_f64() as u64;
+        let report = &mut self.report;
+        node_name(index, &mut report.node);
+        boot_id(index, &mut report.boot_id);
+        report.seq = seq;
+        report.sent_at_ms = now;
+        report.trigger = trigger;
+        for (i, check) in report.checks.iter_mut().enumerate() {
+            // The checks finished a little before the report, at staggered times.
+            check.finished_at_ms = now.saturating_sub(50 + 700 * i as u64);
+            check.status = Status::Ok;
+        }
+        report.findings.clear();
+        report.verdict = Verdict::Healthy;
+        if warn {
+            report.findings.push(self.warn.clone());
+            report.checks[3].status = Status::Warn;
+            report.verdict = Verdict::Degraded;
+        }
+        if fatal {
+            report.findings.push(self.fatal.clone());
+            report.checks[0].status = Status::Fail;
+            report.verdict = Verdict::Unhealthy;
+        }
+        self.body.clear();
+        // Serializing a struct of strings and numbers into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut self.body, &self.report);
+        &self.body
+    }
+}
+
+// --- load phases -------------------------------------------------------------------------------
+
+struct Shared {
+    addr: SocketAddr,
+    /// Set once a node's fatal report was answered: its later heartbeats carry the finding.
+    fatal: Vec<AtomicBool>,
+    /// Nodes whose every report carries the warning.
+    warn: Vec<bool>,
+}
+
+/// One connection and the nodes it reports for (node i belongs to connection i % connections).
+struct Worker {
+    conn: HttpConn,
+    writer: ReportWriter,
+    nodes: Vec<usize>,
+    cursor: usize,
+    /// Reports sent per node so far by this worker's rounds (the agents' `seq`).
+    round: u64,
+}
+
+impl Worker {
+    fn next_node(&mut self) -> (usize, u64) {
+        let node = self.nodes[self.cursor];
+        let seq = self.round + 1;
+        self.cursor += 1;
+        if self.cursor == self.nodes.len() {
+            self.cursor = 0;
+            self.round += 1;
+        }
+        (node, seq)
+    }
+
+    async fn send(&mut self, shared: &Shared) -> Result<(), LoadError> {
+        let (node, seq) = self.next_node();
+        let fatal = shared.fatal[node].load(Ordering::Relaxed);
+        let body = self.writer.build(node, seq, fatal, shared.warn[node], ReportTrigger::Interval);
+        let status = self.conn.request("POST", "/v1/reports", AGENT_TOKEN, body).await?;
+        if status != 200 {
+            return Err(LoadError::Protocol {
+                what: "POST /v1/reports".to_owned(),
+                message: format!(
+                    "status {status}: {}",
+                    String::from_utf8_lossy(self.conn.body()).chars().take(200).collect::<String>()
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Answers slower than this are also counted per second of the phase, to show whether they come
+/// in bursts (a stall) or spread out (a queue).
+const SLOW: Duration = Duration::from_millis(50);
+
+struct WorkerOutcome {
+    started: Instant,
+    latencies_us: Vec<u32>,
+    /// Answers slower than `SLOW`, by second of the phase.
+    slow_by_second: Vec<u32>,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+impl WorkerOutcome {
+    fn new(started: Instant) -> WorkerOutcome {
+        WorkerOutcome {
+            started,
+            latencies_us: Vec::new(),
+            slow_by_second: Vec::new(),
+            errors: 0,
+            first_error: None,
+        }
+    }
+
+    fn note(&mut self, result: Result<(), LoadError>, latency: Duration) {
+        if latency > SLOW {
+            let second = self.started.elapsed().as_secs() as usize;
+            if self.slow_by_second.len() <= second {
+                self.slow_by_second.resize(second + 1, 0);
+            }
+            self.slow_by_second[second] += 1;
+        }
+        match result {
+            Ok(()) => self.latencies_us.push(latency.as_micros().min(u32::MAX as u128) as u32),
+            Err(err) => {
+                self.errors += 1;
+                self.first_error.get_or_insert_with(|| err.to_string());
+            }
+        }
+    }
+}
+
+/// How a phase went, with the CPU each process used.
+#[derive(Debug)]
+struct PhaseResult {
+    name: &'static str,
+    wall_s: f64,
+    requests: u64,
+    errors: u64,
+    first_error: Option<String>,
+    /// Sorted latencies in microseconds.
+    latencies_us: Vec<u32>,
+    /// Answers slower than `SLOW`, by second of the phase.
+    slow_by_second: Vec<u32>,
+    repairer_cpu_s: f64,
+    loadgen_cpu_s: f64,
+    /// Busy CPU of the whole machine (the two processes, the kernel's network stack, others).
+    machine_cpu_s: f64,
+}
+
+impl PhaseResult {
+    fn rate(&self) -> f64 {
+        self.requests as f64 / self.wall_s
+    }
+
+    fn quantile_ms(&self, q: f64) -> f64 {
+        quantile(&self.latencies_us, q) as f64 / 1000.0
+    }
+}
+
+fn quantile(sorted: &[u32], q: f64) -> u32 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+enum Pace {
+    /// Every node once, back to back.
+    Join,
+    /// Back to back until the deadline.
+    Closed { until: Instant },
+    /// Request j of the phase is due at start + j / rate; connection c sends j = c, c + C, ...
+    Open { start: Instant, until: Instant, rate: f64, connections: usize },
+}
+
+async fn drive(
+    mut worker: Worker,
+    index: usize,
+    shared: Arc<Shared>,
+    pace: Arc<Pace>,
+    started: Instant,
+) -> (Worker, WorkerOutcome) {
+    let mut outcome = WorkerOutcome::new(started);
+    match *pace {
+        Pace::Join => {
+            outcome.latencies_us.reserve(worker.nodes.len());
+            for _ in 0..worker.nodes.len() {
+                let sent = Instant::now();
+                let result = worker.send(&shared).await;
+                outcome.note(result, sent.elapsed());
+            }
+        }
+        Pace::Closed { until } => {
+            while Instant::now() < until {
+                let sent = Instant::now();
+                let result = worker.send(&shared).await;
+                outcome.note(result, sent.elapsed());
+            }
+        }
+        Pace::Open { start, until, rate, connections } => {
+            let mut slot = index as f64;
+            loop {
+                let due = start + Duration::from_secs_f64(slot / rate);
+                if due >= until {
+                    break;
+                }
+                tokio::time::sleep_until(due.into()).await;
+                let result = worker.send(&shared).await;
+                // From the scheduled time, not from when the send began: a connection behind
+                // schedule (a slow answer before) counts the wait in the latency.
+                outcome.note(result, due.elapsed());
+                slot += connections as f64;
+            }
+        }
+    }
+    (worker, outcome)
+}
+
+async fn run_phase(
+    name: &'static str,
+    workers: Vec<Worker>,
+    shared: &Arc<Shared>,
+    pace: Pace,
+    repairer_pid: u32,
+) -> (Vec<Worker>, PhaseResult) {
+    let pace = Arc::new(pace);
+    let cpu_repairer = cpu_seconds(repairer_pid);
+    let cpu_self = cpu_seconds(std::process::id());
+    let cpu_machine = machine_busy_seconds();
+    let started = Instant::now();
+    let mut tasks = JoinSet::new();
+    for (index, worker) in workers.into_iter().enumerate() {
+        tasks.spawn(drive(worker, index, shared.clone(), pace.clone(), started));
+    }
+    let mut workers = Vec::new();
+    let mut latencies = Vec::new();
+    let mut slow_by_second: Vec<u32> = Vec::new();
+    let (mut errors, mut first_error) = (0, None);
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok((worker, outcome)) => {
+                workers.push(worker);
+                latencies.extend(outcome.latencies_us);
+                if slow_by_second.len() < outcome.slow_by_second.len() {
+                    slow_by_second.resize(outcome.slow_by_second.len(), 0);
+                }
+                for (total, count) in slow_by_second.iter_mut().zip(&outcome.slow_by_second) {
+                    *total += count;
+                }
+                errors += outcome.errors;
+                if first_error.is_none() {
+                    first_error = outcome.first_error;
+                }
+            }
+            Err(err) => {
+                errors += 1;
+                first_error.get_or_insert_with(|| format!("a load task failed: {err}"));
+            }
+        }
+    }
+    let wall_s = started.elapsed().as_secs_f64();
+    latencies.sort_unstable();
+    let result = PhaseResult {
+        name,
+        wall_s,
+        requests: latencies.len() as u64,
+        errors,
+        first_error,
+        latencies_us: latencies,
+        slow_by_second,
+        repairer_cpu_s: cpu_seconds(repairer_pid) - cpu_repairer,
+        loadgen_cpu_s: cpu_seconds(std::process::id()) - cpu_self,
+        machine_cpu_s: machine_busy_seconds() - cpu_machine,
+    };
+    workers.sort_by_key(|w| w.nodes.first().copied().unwrap_or(0));
+    (workers, result)
+}
+
+/// One fatal report sent during the paced phase.
+#[derive(Debug, Clone)]
+struct FatalSent {
+    node: usize,
+    sent_unix_ms: f64,
+    reply_ms: f64,
+    status: Option<u16>,
+}
+
+/// Sends one fatal report per node in `nodes`, spread evenly over the middle 80 % of the phase.
+async fn send_fatal(
+    shared: Arc<Shared>,
+    nodes: Vec<usize>,
+    start: Instant,
+    duration: Duration,
+) -> Vec<FatalSent> {
+    let mut conn = HttpConn::new(shared.addr);
+    let mut writer = ReportWriter::new();
+    let mut sent = Vec::with_capacity(nodes.len());
+    let count = nodes.len().max(1) as f64;
+    for (k, node) in nodes.into_iter().enumerate() {
+        let due = start + duration.mul_f64(0.1 + 0.8 * k as f64 / count);
+        tokio::time::sleep_until(due.into()).await;
+        // A seq far above the heartbeats' (an agent pushes kernel-log events at once).
+        let warn = shared.warn[node];
+        let body = writer.build(node, 1_000_000 + k as u64, true, warn, ReportTrigger::Event);
+        let sent_unix_ms = unix_ms_f64();
+        let began = Instant::now();
+        let status = conn.request("POST", "/v1/reports", AGENT_TOKEN, body).await.ok();
+        let reply_ms = began.elapsed().as_secs_f64() * 1000.0;
+        shared.fatal[node].store(true, Ordering::Relaxed);
+        sent.push(FatalSent { node, sent_unix_ms, reply_ms, status });
+    }
+    sent
+}
+
+/// For each fatal node, ms from sending its report to the node's first `workflow-step` event
+/// (written right after the drain call returned), and that event's reason for one node (to show
+/// what was matched). Polls until all are there or `DRAIN_WAIT` passed.
+async fn drain_latencies(
+    addr: SocketAddr,
+    sent: &[FatalSent],
+) -> (Vec<Option<f64>>, Option<String>) {
+    let mut conn = HttpConn::new(addr);
+    let mut found: Vec<Option<f64>> = vec![None; sent.len()];
+    let mut matched = None;
+    let deadline = Instant::now() + DRAIN_WAIT;
+    let mut name = String::new();
+    loop {
+        for (slot, fatal) in found.iter_mut().zip(sent) {
+            if slot.is_some() {
+                continue;
+            }
+            node_name(fatal.node, &mut name);
+            let path = format!("/v1/events?node={name}&limit=1000");
+            if !matches!(conn.request("GET", &path, ADMIN_TOKEN, b"").await, Ok(200)) {
+                continue;
+            }
+            let Ok(events) = serde_json::from_slice::<Vec<serde_json::Value>>(conn.body()) else {
+                continue;
+            };
+            // Events come oldest first.
+            let Some(step) = events.iter().find(|e| e["kind"] == "workflow-step") else {
+                continue;
+            };
+            *slot = step["at_ms"].as_f64().map(|at| at - fatal.sent_unix_ms);
+            if matched.is_none() {
+                matched = step["reason"].as_str().map(|r| format!("{name}: {r:?}"));
+            }
+        }
+        if found.iter().all(Option::is_some) || Instant::now() > deadline {
+            return (found, matched);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// `fleetmend_time_to_drain_seconds` from /metrics: (count, count ≤ 0.1 s, sum).
+async fn drain_histogram(addr: SocketAddr) -> Option<(f64, f64, f64)> {
+    let mut conn = HttpConn::new(addr);
+    if conn.request("GET", "/metrics", "", b"").await.ok()? != 200 {
+        return None;
+    }
+    let text = String::from_utf8_lossy(conn.body()).into_owned();
+    let value = |prefix: &str| {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    Some((
+        value("fleetmend_time_to_drain_seconds_count")?,
+        value("fleetmend_time_to_drain_seconds_bucket{le=\"0.1\"}")?,
+        value("fleetmend_time_to_drain_seconds_sum")?,
+    ))
+}
+
+// --- the run -----------------------------------------------------------------------------------
+
+async fn run(options: Options) -> Result<(), LoadError> {
+    if !options.repairer_bin.exists() {
+        return Err(LoadError::Usage(format!(
+            "{} is missing: cargo build --release --bin fleetmend",
+            options.repairer_bin.display()
+        )));
+    }
+    let dir = tempfile::tempdir().map_err(io("creating a temp dir"))?;
+    let mut repairer = RepairerProcess::start(&options.repairer_bin, dir.path())?;
+    repairer.wait_ready().await?;
+    let pid = repairer.pid();
+    println!("machine: {}", machine());
+    println!(
+        "repairer: {} (pid {pid}), store {}, listening on {}",
+        options.repairer_bin.display(),
+        repairer.store.display(),
+        repairer.addr
+    );
+    println!(
+        "load: {} nodes ({} with a lasting warning) over {} keep-alive HTTP/1.1 connections, \
+         {} load-generator thread(s); the load generator and the repairer share the machine",
+        options.nodes, options.warn, options.connections, options.threads
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let idle = memory(pid);
+
+    let shared = Arc::new(Shared {
+        addr: repairer.addr,
+        fatal: (0..options.nodes).map(|_| AtomicBool::new(false)).collect(),
+        // Spread over the fleet, never a fatal node (those sit at the middle of their stride).
+        warn: {
+            let mut warn = vec![false; options.nodes];
+            let stride = options.nodes / options.warn.max(1);
+            for k in 0..options.warn {
+                warn[k * stride] = true;
+            }
+            warn
+        },
+    });
+    let mut workers: Vec<Worker> = (0..options.connections)
+        .map(|c| Worker {
+            conn: HttpConn::new(repairer.addr),
+            writer: ReportWriter::new(),
+            nodes: (c..options.nodes).step_by(options.connections).collect(),
+            cursor: 0,
+            round: 0,
+        })
+        .collect();
+    let sample = ReportWriter::new().build(0, 1, false, false, ReportTrigger::Interval).len();
+    let fatal_sample = ReportWriter::new().build(0, 1, true, false, ReportTrigger::Event).len();
+    println!("report size: healthy {sample} bytes, with the Xid 79 finding {fatal_sample} bytes");
+
+    let (w, join) = run_phase("join", workers, &shared, Pace::Join, pid).await;
+    workers = w;
+    print_phase(&join);
+    if join.errors > 0 {
+        return Err(LoadError::Repairer(format!(
+            "refused {} of the first reports: {}",
+            join.errors,
+            join.first_error.unwrap_or_default()
+        )));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let joined = memory(pid);
+    let per_node = |after: u64, before: u64| {
+        after.saturating_sub(before) as f64 * 1024.0 / options.nodes as f64
+    };
+    println!(
+        "memory: VmRSS {:.1} MiB idle -> {:.1} MiB with {} nodes: {:.0} bytes per node \
+         (RssAnon {:.1} -> {:.1} MiB: {:.0} bytes per node)",
+        idle.rss_kib as f64 / 1024.0,
+        joined.rss_kib as f64 / 1024.0,
+        options.nodes,
+        per_node(joined.rss_kib, idle.rss_kib),
+        idle.anon_kib as f64 / 1024.0,
+        joined.anon_kib as f64 / 1024.0,
+        per_node(joined.anon_kib, idle.anon_kib),
+    );
+
+    let until = Instant::now() + options.duration;
+    let (w, max_rate) = run_phase("max-rate", workers, &shared, Pace::Closed { until }, pid).await;
+    workers = w;
+    print_phase(&max_rate);
+
+    // The fatal nodes: spread over the fleet, none of them node 0.
+    let stride = options.nodes / options.fatal.max(1);
+    let fatal_nodes: Vec<usize> = (0..options.fatal).map(|k| k * stride + stride / 2).collect();
+    let start = Instant::now();
+    let pace = Pace::Open {
+        start,
+        until: start + options.duration,
+        rate: options.rate,
+        connections: options.connections,
+    };
+    let fatal_task = tokio::spawn(send_fatal(shared.clone(), fatal_nodes, start, options.duration));
+    let (_workers, paced) = run_phase("paced", workers, &shared, pace, pid).await;
+    print_phase(&paced);
+    let fatal_sent = fatal_task.await.unwrap_or_default();
+    let after = memory(pid);
+    println!(
+        "memory after the load: VmRSS {:.1} MiB, RssAnon {:.1} MiB",
+        after.rss_kib as f64 / 1024.0,
+        after.anon_kib as f64 / 1024.0
+    );
+
+    let (drains, matched) = drain_latencies(repairer.addr, &fatal_sent).await;
+    let mut drain_ms: Vec<f64> = drains.iter().flatten().copied().collect();
+    drain_ms.sort_by(f64::total_cmp);
+    let mut replies: Vec<f64> = fatal_sent.iter().map(|f| f.reply_ms).collect();
+    replies.sort_by(f64::total_cmp);
+    let refused = fatal_sent.iter().filter(|f| f.status != Some(200)).count();
+    let q = |v: &[f64], q: f64| {
+        if v.is_empty() {
+            f64::NAN
+        } else {
+            v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1]
+        }
+    };
+    println!(
+        "fatal finding -> drain call: {} of {} nodes drained; from sending the report to the \
+         drain (audit log, ms resolution): p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms; the fatal \
+         report's own answer: p50 {:.1} ms, p99 {:.1} ms ({} refused); drain seen as the first \
+         workflow-step event, e.g. {}",
+        drain_ms.len(),
+        fatal_sent.len(),
+        q(&drain_ms, 0.5),
+        q(&drain_ms, 0.99),
+        drain_ms.last().copied().unwrap_or(f64::NAN),
+        q(&replies, 0.5),
+        q(&replies, 0.99),
+        refused,
+        matched.as_deref().unwrap_or("none"),
+    );
+    let histogram = drain_histogram(repairer.addr).await;
+    if let Some((count, fast, sum)) = histogram {
+        println!(
+            "fleetmend_time_to_drain_seconds (first_seen at ingest -> drain call): {count} \
+             observations, {:.1} % within 0.1 s, mean {:.1} ms",
+            if count > 0.0 { fast / count * 100.0 } else { f64::NAN },
+            if count > 0.0 { sum / count * 1000.0 } else { f64::NAN },
+        );
+    }
+    let store_bytes = std::fs::metadata(&repairer.store).map(|m| m.len()).unwrap_or(0)
+        + std::fs::metadata(repairer.store.with_extension("db-wal")).map(|m| m.len()).unwrap_or(0);
+    println!("store: {:.1} MiB (db + WAL)", store_bytes as f64 / 1048576.0);
+    repairer.stop();
+
+    if let Some(path) = &options.json {
+        let phase = |p: &PhaseResult| {
+            serde_json::json!({
+                "wall_s": p.wall_s, "requests": p.requests, "errors": p.errors,
+                "reports_per_s": p.rate(),
+                "p50_ms": p.quantile_ms(0.5), "p99_ms": p.quantile_ms(0.99),
+                "p999_ms": p.quantile_ms(0.999),
+                "max_ms": p.latencies_us.last().copied().unwrap_or(0) as f64 / 1000.0,
+                "repairer_cores": p.repairer_cpu_s / p.wall_s,
+                "loadgen_cores": p.loadgen_cpu_s / p.wall_s,
+                "machine_cores": p.machine_cpu_s / p.wall_s,
+            })
+        };
+        let json = serde_json::json!({
+            "machine": machine(),
+            "nodes": options.nodes, "connections": options.connections,
+            "threads": options.threads, "rate": options.rate, "warn": options.warn, "duration_s": options.duration.as_secs_f64(),
+            "report_bytes": sample,
+            "memory": {
+                "idle_rss_kib": idle.rss_kib, "joined_rss_kib": joined.rss_kib,
+                "idle_anon_kib": idle.anon_kib, "joined_anon_kib": joined.anon_kib,
+                "after_rss_kib": after.rss_kib,
+                "rss_bytes_per_node": per_node(joined.rss_kib, idle.rss_kib),
+            },
+            "join": phase(&join), "max_rate": phase(&max_rate), "paced": phase(&paced),
+            "fatal": {
+                "sent": fatal_sent.len(), "drained": drain_ms.len(),
+                "drain_p50_ms": q(&drain_ms, 0.5), "drain_p99_ms": q(&drain_ms, 0.99),
+                "reply_p50_ms": q(&replies, 0.5), "reply_p99_ms": q(&replies, 0.99),
+                "histogram": histogram.map(|(c, f, s)| serde_json::json!({"count": c, "le_0_1": f, "sum": s})),
+            },
+            "store_bytes": store_bytes,
+        });
+        std::fs::write(path, serde_json::to_vec_pretty(&json).unwrap_or_default())
+            .map_err(io(format!("writing {}", path.display())))?;
+    }
+    if max_rate.errors + paced.errors > 0 {
+        return Err(LoadError::Repairer(format!(
+            "refused {} reports under load: {}",
+            max_rate.errors + paced.errors,
+            max_rate.first_error.or(paced.first_error).unwrap_or_default()
+        )));
+    }
+    Ok(())
+}
+
+fn print_phase(p: &PhaseResult) {
+    let mut line = String::new();
+    let _ = write!(
+        line,
+        "{:9} {:>8} reports in {:5.1} s = {:>7.0}/s; latency p50 {:6.2} ms, p99 {:6.2} ms, \
+         p999 {:6.2} ms, max {:6.1} ms; CPU: repairer {:.2} cores, load generator {:.2} cores, \
+         whole machine {:.2} cores",
+        p.name,
+        p.requests,
+        p.wall_s,
+        p.rate(),
+        p.quantile_ms(0.5),
+        p.quantile_ms(0.99),
+        p.quantile_ms(0.999),
+        p.latencies_us.last().copied().unwrap_or(0) as f64 / 1000.0,
+        p.repairer_cpu_s / p.wall_s,
+        p.loadgen_cpu_s / p.wall_s,
+        p.machine_cpu_s / p.wall_s,
+    );
+    let slow: Vec<String> = p
+        .slow_by_second
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| **n > 0)
+        .map(|(second, n)| format!("{second}s:{n}"))
+        .collect();
+    if !slow.is_empty() {
+        let _ = write!(
+            line,
+            "\n          answers over {} ms by second of the phase: {}",
+            SLOW.as_millis(),
+            slow.join(" ")
+        );
+    }
+    if p.errors > 0 {
+        let _ = write!(
+            line,
+            "; {} errors, first: {}",
+            p.errors,
+            p.first_error.as_deref().unwrap_or("")
+        );
+    }
+    println!("{line}");
+}
