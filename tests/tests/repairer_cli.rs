@@ -4,12 +4,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use fleetmend_tests::{
-    Running, fixture, fixture_flags, fleetmend_bin, free_port, http_get, poll_until,
-    run_with_timeout, start_agent,
+    Running, fixture, fixture_flags, fleetmend_bin, free_port, poll_until, run_with_timeout,
+    start_agent,
 };
 
 const ADMIN: &str = "admin-secret";
@@ -25,23 +25,12 @@ fn start_repairer(dir: &std::path::Path, listen: SocketAddr) -> Running {
         ),
     )
     .unwrap();
-    let stderr_path = dir.join("repairer.stderr");
-    let child = Command::new(fleetmend_bin())
-        .args(["repairer", "--config"])
-        .arg(&config)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&stderr_path).unwrap())
-        .spawn()
-        .unwrap();
-    let running = Running { child, stderr_path };
-    assert!(
-        poll_until(Duration::from_secs(20), || http_get(listen, "/healthz")
-            .is_some_and(|(s, _)| s == 200)),
-        "repairer did not start:\n{}",
-        running.stderr()
-    );
-    running
+    fleetmend_tests::start_repairer(
+        &config,
+        listen,
+        &dir.join("repairer.stderr"),
+        Duration::from_secs(20),
+    )
 }
 
 fn cli(repairer: SocketAddr, token: &str, args: &[&str]) -> (Option<i32>, String, String) {

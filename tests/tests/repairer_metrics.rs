@@ -9,27 +9,20 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use fleetmend_tests::{
-    Running, fixture, fixture_flags, fleetmend_bin, free_port, http_get, poll_until, start_agent,
+    Running, fixture, fixture_flags, free_port, http_get, poll_until, start_agent,
 };
 
 fn start_repairer(dir: &std::path::Path, listen: SocketAddr) -> Running {
-    let stderr_path = dir.join("repairer.stderr");
-    let child = Command::new(fleetmend_bin())
-        .args(["repairer", "--listen", &listen.to_string(), "--store"])
-        .arg(dir.join("repairer.db"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&stderr_path).unwrap())
-        .spawn()
+    let config = dir.join("repairer.toml");
+    let store = dir.join("repairer.db");
+    std::fs::write(&config, format!("listen = \"{listen}\"\nstore = \"{}\"\n", store.display()))
         .unwrap();
-    let running = Running { child, stderr_path };
-    assert!(
-        poll_until(Duration::from_secs(20), || http_get(listen, "/healthz")
-            .is_some_and(|(s, _)| s == 200)),
-        "repairer did not start:\n{}",
-        running.stderr()
-    );
-    running
+    fleetmend_tests::start_repairer(
+        &config,
+        listen,
+        &dir.join("repairer.stderr"),
+        Duration::from_secs(20),
+    )
 }
 
 #[test]
