@@ -1,1 +1,10 @@
+//! The fleetmend runtime: what runs a training job and lets it survive losing a node.
+//!
+//! - [`checkpoint`]: the checkpoint protocol any job can speak (see `DESIGN.md`): the environment
+//!   each rank is started with ([`checkpoint::ProtocolEnv`]), writing a checkpoint directory that
+//!   appears atomically and complete ([`checkpoint::CheckpointWriter`]), finding the newest one that
+//!   verifies ([`checkpoint::newest_valid`]) and keeping the last few ([`checkpoint::prune`]).
+//!
+//! The bundled job queue and data-parallel trainer build on it.
 
+pub mod checkpoint;

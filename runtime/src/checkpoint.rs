@@ -1,0 +1,1297 @@
+//! The checkpoint protocol (`DESIGN.md`, "The checkpoint protocol"): how any job saves its state
+//! so that it can be stopped on one node and go on from the same step on another.
+//!
+//! A checkpoint is a directory `step-<N>/` (N zero-padded so names sort like steps) inside the
+//! job's checkpoint directory (`FLEETMEND_CHECKPOINT_DIR`). Its `manifest.json` lists the size and
+//! sha256 of every other file and is written last; the whole directory is written under a
+//! temporary name (`.tmp-step-<N>-<pid>-<rand>`) beside it, every file fsynced, then renamed into
+//! place and the parent fsynced. So a `step-*` directory either does not exist or is complete:
+//! a writer killed at any point leaves only a `.tmp-*` directory, which readers ignore and the next
+//! writer removes.
+//!
+//! Readers ([`newest_valid`]) still verify every file, because disks and people corrupt files after
+//! the fact: the newest directory whose manifest parses and whose files all match is used, and each
+//! one refused on the way is logged with the reason.
+//!
+//! One writer at a time per checkpoint directory (in a data-parallel job, rank 0): a writer that
+//! begins removes the temporary directories older than its own, which would make an older writer
+//! that is still running fail its commit (cleanly: no `step-*` directory appears).
+
+mod protocol_env;
+
+pub use protocol_env::{EnvVarProblem, ProtocolEnv, ReadProtocolEnvError, vars};
+
+use std::fs::{self, File};
+use std::io::{self, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+use tracing::{debug, info, warn};
+
+/// The manifest's file name inside a checkpoint directory.
+pub const MANIFEST_FILE: &str = "manifest.json";
+
+/// The manifest format this code writes, and the newest one it reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+const STEP_PREFIX: &str = "step-";
+const TEMP_PREFIX: &str = ".tmp-step-";
+/// Enough digits that names sort like steps for any realistic run; a larger step gets a longer
+/// name, and readers order by the parsed number anyway.
+const STEP_DIGITS: usize = 8;
+/// Large sequential writes and reads: checkpoint files are megabytes to gigabytes.
+const IO_BUFFER_BYTES: usize = 1 << 20;
+
+/// The directory name of the checkpoint of `step`: `step-00000120`.
+pub fn step_dir_name(step: u64) -> String {
+    format!("{STEP_PREFIX}{step:0width$}", width = STEP_DIGITS)
+}
+
+/// The step of a checkpoint directory name (`step-<digits>`), or `None` for any other name.
+pub fn parse_step_dir_name(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix(STEP_PREFIX)?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// `manifest.json`: what a complete checkpoint holds. Written last, so its presence with matching
+/// files is what makes a checkpoint valid.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Manifest format version ([`FORMAT_VERSION`]); readers refuse newer ones.
+    pub format_version: u32,
+    /// The training step the checkpoint was taken at; equals the `N` of `step-<N>`.
+    pub step: u64,
+    /// How many ranks the job had when it wrote the checkpoint; whether another world size may
+    /// resume from it is the job's decision.
+    pub world_size: u32,
+    /// The job that wrote it (`FLEETMEND_JOB_ID`).
+    pub job_id: String,
+    /// When the checkpoint was committed, in milliseconds since the Unix epoch (writer's clock).
+    pub created_unix_ms: u64,
+    /// Every other file of the checkpoint, sorted by name.
+    pub files: Vec<ManifestFile>,
+}
+
+impl Manifest {
+    /// The entry for the file called `name`, if the checkpoint has one.
+    pub fn file(&self, name: &str) -> Option<&ManifestFile> {
+        self.files.iter().find(|f| f.name == name)
+    }
+}
+
+/// One file of a checkpoint as the manifest records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestFile {
+    /// File name inside the checkpoint directory (one path component, never `manifest.json`).
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// SHA-256 of the contents, lowercase hex.
+    pub sha256: String,
+}
+
+/// Why a file name cannot be part of a checkpoint, or `None` when it can.
+fn file_name_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        Some("the name is empty")
+    } else if name == MANIFEST_FILE {
+        Some("the manifest's name is reserved")
+    } else if name.starts_with('.') {
+        // Also rules out "." and "..".
+        Some("names starting with '.' are reserved")
+    } else if name.contains(['/', '\\', '\0']) {
+        Some("a name is one path component")
+    } else {
+        None
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing
+
+/// [`CheckpointWriter::begin`] failed.
+#[derive(Debug, Error)]
+pub enum BeginCheckpointError {
+    /// A checkpoint of a job with no ranks makes no sense.
+    #[error("cannot begin checkpoint of step {step} in {path}: world size is 0")]
+    ZeroWorldSize {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// The step asked for.
+        step: u64,
+    },
+    /// The job's checkpoint directory could not be created.
+    #[error("cannot create checkpoint directory {path}: {source}")]
+    CreateCheckpointDir {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// The temporary directory the checkpoint is written in could not be created.
+    #[error("cannot create temporary checkpoint directory {path}: {source}")]
+    CreateTempDir {
+        /// The temporary directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+}
+
+/// [`CheckpointWriter::add_file`] or [`CheckpointWriter::write_file`] failed. The writer is
+/// failed from then on: its commit refuses, so no checkpoint ever lacks a file meant for it.
+#[derive(Debug, Error)]
+pub enum AddCheckpointFileError {
+    /// The name cannot be a checkpoint file name.
+    #[error("cannot add {name:?} to checkpoint {path}: {reason}")]
+    InvalidName {
+        /// The temporary checkpoint directory.
+        path: PathBuf,
+        /// The name asked for.
+        name: String,
+        /// Why it is refused.
+        reason: &'static str,
+    },
+    /// A file of this name was added already.
+    #[error("cannot add {name:?} to checkpoint {path}: it was added already")]
+    Duplicate {
+        /// The temporary checkpoint directory.
+        path: PathBuf,
+        /// The name asked for.
+        name: String,
+    },
+    /// An earlier add failed, so this checkpoint will not be committed.
+    #[error("cannot add {name:?} to checkpoint {path}: an earlier file failed ({earlier})")]
+    EarlierFailure {
+        /// The temporary checkpoint directory.
+        path: PathBuf,
+        /// The name asked for.
+        name: String,
+        /// The earlier error.
+        earlier: String,
+    },
+    /// Creating or writing the file failed (including an error from the caller's writer).
+    #[error("cannot write checkpoint file {path}: {source}")]
+    Write {
+        /// The file, inside the temporary checkpoint directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// The file could not be flushed to disk.
+    #[error("cannot fsync checkpoint file {path}: {source}")]
+    Sync {
+        /// The file, inside the temporary checkpoint directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+}
+
+/// [`CheckpointWriter::commit`] failed; no `step-*` directory was left behind.
+#[derive(Debug, Error)]
+pub enum CommitCheckpointError {
+    /// An add failed earlier, so the checkpoint is incomplete.
+    #[error("cannot commit checkpoint {path}: an earlier file failed ({earlier})")]
+    EarlierFailure {
+        /// The temporary checkpoint directory.
+        path: PathBuf,
+        /// The earlier error.
+        earlier: String,
+    },
+    /// Writing or syncing `manifest.json` failed.
+    #[error("cannot write checkpoint manifest {path}: {source}")]
+    WriteManifest {
+        /// The manifest, inside the temporary checkpoint directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// The temporary directory's entries could not be flushed to disk.
+    #[error("cannot fsync temporary checkpoint directory {path}: {source}")]
+    SyncTempDir {
+        /// The temporary checkpoint directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// A valid checkpoint of this step exists already; it is left as it is.
+    #[error("cannot commit checkpoint {path}: a valid checkpoint of this step exists already")]
+    StepExists {
+        /// The existing checkpoint directory.
+        path: PathBuf,
+    },
+    /// An invalid checkpoint of this step was in the way and could not be moved aside.
+    #[error("cannot move the invalid checkpoint {path} aside: {source}")]
+    MoveAsideInvalid {
+        /// The invalid checkpoint directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// The atomic rename into place failed.
+    #[error("cannot rename checkpoint {from} to {to}: {source}")]
+    Rename {
+        /// The temporary checkpoint directory.
+        from: PathBuf,
+        /// The final checkpoint directory.
+        to: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// The rename could not be flushed to disk; the checkpoint was removed again, since a crash
+    /// could lose it.
+    #[error("cannot fsync checkpoint directory {path} after the rename: {source}")]
+    SyncCheckpointDir {
+        /// The job's checkpoint directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+}
+
+/// Writes one checkpoint: [`begin`](Self::begin), add files, [`commit`](Self::commit).
+///
+/// Until the commit everything lives in a temporary directory; dropping the writer without
+/// committing, or any error, removes it.
+#[derive(Debug)]
+pub struct CheckpointWriter {
+    checkpoint_dir: PathBuf,
+    temp_path: PathBuf,
+    step: u64,
+    world_size: u32,
+    job_id: String,
+    files: Vec<ManifestFile>,
+    /// The first add that failed: commit refuses, so a checkpoint never misses a file.
+    failed: Option<String>,
+    /// Whether the temporary directory is still ours to remove (false once renamed into place).
+    owns_temp: bool,
+}
+
+impl CheckpointWriter {
+    /// Starts the checkpoint of `step` in `checkpoint_dir` (created if missing), and removes
+    /// temporary directories of earlier writers (older than this one's), which a crash left.
+    pub fn begin(
+        checkpoint_dir: impl AsRef<Path>,
+        step: u64,
+        world_size: u32,
+        job_id: &str,
+    ) -> Result<Self, BeginCheckpointError> {
+        let checkpoint_dir = checkpoint_dir.as_ref().to_path_buf();
+        if world_size == 0 {
+            return Err(BeginCheckpointError::ZeroWorldSize { path: checkpoint_dir, step });
+        }
+        if !checkpoint_dir.is_dir() {
+            fs::create_dir_all(&checkpoint_dir).map_err(|source| {
+                BeginCheckpointError::CreateCheckpointDir { path: checkpoint_dir.clone(), source }
+            })?;
+            // The new directory's own entry must survive a crash too.
+            if let Some(parent) = checkpoint_dir.parent().filter(|p| !p.as_os_str().is_empty())
+                && let Err(e) = sync_dir(parent)
+            {
+                warn!(
+                    dir = %parent.display(),
+                    error = %e,
+                    "cannot fsync the parent of a new checkpoint directory"
+                );
+            }
+        }
+        let temp_path = checkpoint_dir.join(temp_dir_name(step, ""));
+        fs::create_dir(&temp_path).map_err(|source| BeginCheckpointError::CreateTempDir {
+            path: temp_path.clone(),
+            source,
+        })?;
+        // "Older than this writer" is judged by the filesystem's clock on both sides, which also
+        // holds on network filesystems whose server clock differs from ours.
+        match fs::metadata(&temp_path).and_then(|m| m.modified()) {
+            Ok(started) => {
+                remove_stale_temp_dirs(&checkpoint_dir, started, Some(&temp_path));
+            }
+            Err(e) => {
+                warn!(
+                    dir = %temp_path.display(),
+                    error = %e,
+                    "cannot read the mtime of a new temporary checkpoint directory; stale ones stay"
+                );
+            }
+        }
+        debug!(dir = %temp_path.display(), step, "checkpoint write begun");
+        Ok(Self {
+            checkpoint_dir,
+            temp_path,
+            step,
+            world_size,
+            job_id: job_id.to_owned(),
+            files: Vec::new(),
+            failed: None,
+            owns_temp: true,
+        })
+    }
+
+    /// The step this checkpoint is of.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// The temporary directory the files are written in until the commit.
+    pub fn temp_path(&self) -> &Path {
+        &self.temp_path
+    }
+
+    /// Adds the file `name` with contents `bytes`, fsynced.
+    pub fn add_file(&mut self, name: &str, bytes: &[u8]) -> Result<(), AddCheckpointFileError> {
+        self.write_file(name, |out| out.write_all(bytes))
+    }
+
+    /// Adds the file `name` with what `write` writes to it (streamed: the contents need not fit in
+    /// memory), fsynced. An error from `write` fails the add, and the checkpoint.
+    pub fn write_file<F>(&mut self, name: &str, write: F) -> Result<(), AddCheckpointFileError>
+    where
+        F: FnOnce(&mut dyn Write) -> io::Result<()>,
+    {
+        let result = self.write_file_inner(name, write);
+        if let Err(e) = &result
+            && self.failed.is_none()
+        {
+            self.failed = Some(e.to_string());
+        }
+        result
+    }
+
+    fn write_file_inner<F>(&mut self, name: &str, write: F) -> Result<(), AddCheckpointFileError>
+    where
+        F: FnOnce(&mut dyn Write) -> io::Result<()>,
+    {
+        if let Some(earlier) = &self.failed {
+            return Err(AddCheckpointFileError::EarlierFailure {
+                path: self.temp_path.clone(),
+                name: name.to_owned(),
+                earlier: earlier.clone(),
+            });
+        }
+        if let Some(reason) = file_name_problem(name) {
+            return Err(AddCheckpointFileError::InvalidName {
+                path: self.temp_path.clone(),
+                name: name.to_owned(),
+                reason,
+            });
+        }
+        if self.files.iter().any(|f| f.name == name) {
+            return Err(AddCheckpointFileError::Duplicate {
+                path: self.temp_path.clone(),
+                name: name.to_owned(),
+            });
+        }
+        let path = self.temp_path.join(name);
+        let write_error = |source| AddCheckpointFileError::Write { path: path.clone(), source };
+        let file = File::options().write(true).create_new(true).open(&path).map_err(write_error)?;
+        let mut out = HashingWriter {
+            inner: BufWriter::with_capacity(IO_BUFFER_BYTES, file),
+            hasher: Sha256::new(),
+            size: 0,
+        };
+        write(&mut out).map_err(write_error)?;
+        let HashingWriter { inner, hasher, size } = out;
+        let file = inner.into_inner().map_err(|e| write_error(e.into_error()))?;
+        file.sync_all()
+            .map_err(|source| AddCheckpointFileError::Sync { path: path.clone(), source })?;
+        self.files.push(ManifestFile {
+            name: name.to_owned(),
+            size,
+            sha256: hex::encode(hasher.finalize()),
+        });
+        Ok(())
+    }
+
+    /// Writes the manifest and renames the checkpoint into place; returns its final path
+    /// (`<checkpoint_dir>/step-<N>`).
+    ///
+    /// An invalid checkpoint of the same step (corrupted, say) is replaced; a valid one is left as
+    /// it is and [`CommitCheckpointError::StepExists`] returned.
+    pub fn commit(mut self) -> Result<PathBuf, CommitCheckpointError> {
+        // On error, dropping `self` removes the temporary directory.
+        let final_path = self.commit_inner()?;
+        info!(
+            dir = %final_path.display(),
+            step = self.step,
+            files = self.files.len(),
+            "checkpoint committed"
+        );
+        Ok(final_path)
+    }
+
+    fn commit_inner(&mut self) -> Result<PathBuf, CommitCheckpointError> {
+        if let Some(earlier) = &self.failed {
+            return Err(CommitCheckpointError::EarlierFailure {
+                path: self.temp_path.clone(),
+                earlier: earlier.clone(),
+            });
+        }
+        let mut files = self.files.clone();
+        files.sort_by(|a, b| a.name.cmp(&b.name));
+        let manifest = Manifest {
+            format_version: FORMAT_VERSION,
+            step: self.step,
+            world_size: self.world_size,
+            job_id: self.job_id.clone(),
+            created_unix_ms: unix_ms(SystemTime::now()),
+            files,
+        };
+        let manifest_path = self.temp_path.join(MANIFEST_FILE);
+        write_manifest(&manifest_path, &manifest).map_err(|source| {
+            CommitCheckpointError::WriteManifest { path: manifest_path.clone(), source }
+        })?;
+        sync_dir(&self.temp_path).map_err(|source| CommitCheckpointError::SyncTempDir {
+            path: self.temp_path.clone(),
+            source,
+        })?;
+
+        let final_path = self.checkpoint_dir.join(step_dir_name(self.step));
+        let moved_aside = self.move_aside_invalid(&final_path)?;
+        fs::rename(&self.temp_path, &final_path).map_err(|source| {
+            CommitCheckpointError::Rename {
+                from: self.temp_path.clone(),
+                to: final_path.clone(),
+                source,
+            }
+        })?;
+        self.owns_temp = false;
+        if let Err(source) = sync_dir(&self.checkpoint_dir) {
+            // Not durable, so not committed: a crash now could lose it, and a caller told it
+            // failed must not find it later.
+            if let Err(e) = fs::remove_dir_all(&final_path) {
+                warn!(
+                    dir = %final_path.display(),
+                    error = %e,
+                    "cannot remove a checkpoint whose rename could not be synced"
+                );
+            }
+            return Err(CommitCheckpointError::SyncCheckpointDir {
+                path: self.checkpoint_dir.clone(),
+                source,
+            });
+        }
+        if let Some(aside) = moved_aside
+            && let Err(e) = fs::remove_dir_all(&aside)
+        {
+            warn!(
+                dir = %aside.display(),
+                error = %e,
+                "cannot remove a replaced invalid checkpoint; the next writer will"
+            );
+        }
+        Ok(final_path)
+    }
+
+    /// Makes room at `final_path` when an invalid checkpoint of the same step is there, by
+    /// renaming it to a temporary name (readers ignore it; a crash leaves it for the next writer).
+    fn move_aside_invalid(
+        &self,
+        final_path: &Path,
+    ) -> Result<Option<PathBuf>, CommitCheckpointError> {
+        if fs::symlink_metadata(final_path).is_err() {
+            return Ok(None);
+        }
+        let reason = match verify(final_path) {
+            Ok(_) => {
+                return Err(CommitCheckpointError::StepExists { path: final_path.to_path_buf() });
+            }
+            Err(reason) => reason,
+        };
+        let aside = self.checkpoint_dir.join(temp_dir_name(self.step, "-replaced"));
+        warn!(
+            dir = %final_path.display(),
+            %reason,
+            "replacing an invalid checkpoint of the same step"
+        );
+        fs::rename(final_path, &aside).map_err(|source| {
+            CommitCheckpointError::MoveAsideInvalid { path: final_path.to_path_buf(), source }
+        })?;
+        Ok(Some(aside))
+    }
+}
+
+impl Drop for CheckpointWriter {
+    fn drop(&mut self) {
+        if self.owns_temp {
+            match fs::remove_dir_all(&self.temp_path) {
+                Ok(()) => debug!(dir = %self.temp_path.display(), "unfinished checkpoint removed"),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    warn!(
+                        dir = %self.temp_path.display(),
+                        error = %e,
+                        "cannot remove an unfinished checkpoint; the next writer will"
+                    )
+                }
+            }
+        }
+    }
+}
+
+/// Computes the size and SHA-256 of what passes through, so a file is hashed while it is written
+/// rather than read back.
+struct HashingWriter<W> {
+    inner: W,
+    hasher: Sha256,
+    size: u64,
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        let written = buf.get(..n).unwrap_or(buf);
+        self.hasher.update(written);
+        self.size += written.len() as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn write_manifest(path: &Path, manifest: &Manifest) -> io::Result<()> {
+    let mut bytes = serde_json::to_vec_pretty(manifest).map_err(io::Error::other)?;
+    bytes.push(b'\n');
+    let mut file = File::options().write(true).create_new(true).open(path)?;
+    file.write_all(&bytes)?;
+    file.sync_all()
+}
+
+/// A temporary directory name for `step`: unique per process and call, and recognisable by
+/// readers (who skip it) and writers (who remove it when stale).
+fn temp_dir_name(step: u64, suffix: &str) -> String {
+    format!(
+        "{TEMP_PREFIX}{step:0width$}-{pid}-{rand:016x}{suffix}",
+        width = STEP_DIGITS,
+        pid = std::process::id(),
+        rand = fastrand::u64(..),
+    )
+}
+
+fn sync_dir(path: &Path) -> io::Result<()> {
+    File::open(path)?.sync_all()
+}
+
+fn unix_ms(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Removes the temporary checkpoint directories in `checkpoint_dir` last modified before
+/// `older_than` (except `keep`), logging what it cannot remove; returns what it removed.
+fn remove_stale_temp_dirs(
+    checkpoint_dir: &Path,
+    older_than: SystemTime,
+    keep: Option<&Path>,
+) -> Vec<PathBuf> {
+    let mut removed = Vec::new();
+    let entries = match fs::read_dir(checkpoint_dir) {
+        Ok(entries) => entries,
+        Err(e) => {
+            warn!(
+                dir = %checkpoint_dir.display(),
+                error = %e,
+                "cannot list the checkpoint directory to remove stale temporary directories"
+            );
+            return removed;
+        }
+    };
+    for entry in entries.flatten() {
+        if !entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
+            continue;
+        }
+        let path = entry.path();
+        if keep == Some(path.as_path()) {
+            continue;
+        }
+        let Ok(modified) = entry.metadata().and_then(|m| m.modified()) else { continue };
+        if modified >= older_than {
+            continue;
+        }
+        let result = if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            fs::remove_dir_all(&path)
+        } else {
+            fs::remove_file(&path)
+        };
+        match result {
+            Ok(()) => {
+                info!(
+                    dir = %path.display(),
+                    "removed a stale temporary checkpoint directory (an interrupted write)"
+                );
+                removed.push(path);
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => {
+                warn!(
+                    dir = %path.display(),
+                    error = %e,
+                    "cannot remove a stale temporary checkpoint directory"
+                )
+            }
+        }
+    }
+    removed
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading
+
+/// Listing a checkpoint directory failed.
+#[derive(Debug, Error)]
+#[error("cannot list checkpoint directory {path}: {source}")]
+pub struct ListCheckpointsError {
+    /// The job's checkpoint directory.
+    pub path: PathBuf,
+    /// The I/O error.
+    pub source: io::Error,
+}
+
+/// Why a checkpoint directory was refused by [`verify`]. Every variant names the directory.
+#[derive(Debug, Error)]
+pub enum VerifyCheckpointError {
+    /// The directory's name is not `step-<N>`.
+    #[error("checkpoint {path}: the directory name is not step-<N>")]
+    NotAStepDir {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// No manifest: the write never finished, or someone made the directory by hand.
+    #[error("checkpoint {path}: no {MANIFEST_FILE} (an unfinished write)")]
+    ManifestMissing {
+        /// The checkpoint directory.
+        path: PathBuf,
+    },
+    /// The manifest exists but cannot be read.
+    #[error("checkpoint {path}: cannot read {MANIFEST_FILE}: {source}")]
+    ReadManifest {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// The manifest is not valid JSON of the expected shape.
+    #[error("checkpoint {path}: {MANIFEST_FILE} does not parse: {source}")]
+    ParseManifest {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// The parse error.
+        source: serde_json::Error,
+    },
+    /// The manifest was written by a newer format this code does not know.
+    #[error(
+        "checkpoint {path}: manifest format version {found} is newer than the supported {supported}"
+    )]
+    UnsupportedVersion {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// The version in the manifest.
+        found: u32,
+        /// [`FORMAT_VERSION`].
+        supported: u32,
+    },
+    /// The manifest belongs to another step than the directory's name says.
+    #[error(
+        "checkpoint {path}: the manifest says step {manifest_step}, the directory name {dir_step}"
+    )]
+    StepMismatch {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// The step from the directory name.
+        dir_step: u64,
+        /// The step in the manifest.
+        manifest_step: u64,
+    },
+    /// The manifest lists a name that is not a plain file name (it could point outside).
+    #[error("checkpoint {path}: the manifest lists a bad file name {name:?}: {reason}")]
+    BadFileName {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// The name listed.
+        name: String,
+        /// Why it is refused.
+        reason: &'static str,
+    },
+    /// The manifest lists a name twice.
+    #[error("checkpoint {path}: the manifest lists {name:?} twice")]
+    DuplicateFile {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// The name listed twice.
+        name: String,
+    },
+    /// A file the manifest lists is not there.
+    #[error("checkpoint {path}: {name:?} is missing")]
+    FileMissing {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// The missing file.
+        name: String,
+    },
+    /// A file the manifest lists cannot be read.
+    #[error("checkpoint {path}: cannot read {name:?}: {source}")]
+    ReadFile {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// The file.
+        name: String,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// A file has another size than the manifest says: truncated or partly written.
+    #[error(
+        "checkpoint {path}: {name:?} is {actual} bytes but the manifest says {expected} \
+         (truncated or overwritten)"
+    )]
+    SizeMismatch {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// The file.
+        name: String,
+        /// Size from the manifest.
+        expected: u64,
+        /// Size found.
+        actual: u64,
+    },
+    /// A file's contents do not match the manifest's hash: corrupted.
+    #[error(
+        "checkpoint {path}: {name:?} has sha256 {actual} but the manifest says {expected} \
+         (corrupted)"
+    )]
+    HashMismatch {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// The file.
+        name: String,
+        /// Hash from the manifest.
+        expected: String,
+        /// Hash computed.
+        actual: String,
+    },
+}
+
+/// A checkpoint directory by its name, not yet verified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepDir {
+    /// The step from the directory name.
+    pub step: u64,
+    /// The directory.
+    pub path: PathBuf,
+}
+
+/// Every `step-<N>` directory in `checkpoint_dir`, newest step first, unverified. Temporary
+/// directories and other names are left out. A missing `checkpoint_dir` has none.
+pub fn step_dirs(checkpoint_dir: impl AsRef<Path>) -> Result<Vec<StepDir>, ListCheckpointsError> {
+    let checkpoint_dir = checkpoint_dir.as_ref();
+    let list_error = |source| ListCheckpointsError { path: checkpoint_dir.to_path_buf(), source };
+    let entries = match fs::read_dir(checkpoint_dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(list_error(e)),
+    };
+    let mut dirs = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(list_error)?;
+        let Some(step) = entry.file_name().to_str().and_then(parse_step_dir_name) else {
+            continue;
+        };
+        let path = entry.path();
+        // Follows symlinks: a checkpoint linked in from elsewhere counts.
+        if path.is_dir() {
+            dirs.push(StepDir { step, path });
+        }
+    }
+    dirs.sort_by(|a, b| b.step.cmp(&a.step).then_with(|| b.path.cmp(&a.path)));
+    Ok(dirs)
+}
+
+/// A checkpoint whose manifest parsed and whose every file matched it when it was verified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidCheckpoint {
+    /// The step it was taken at.
+    pub step: u64,
+    /// Its directory.
+    pub path: PathBuf,
+    /// Its manifest.
+    pub manifest: Manifest,
+}
+
+/// [`ValidCheckpoint::read_file`] failed.
+#[derive(Debug, Error)]
+pub enum ReadCheckpointFileError {
+    /// The checkpoint has no file of that name.
+    #[error("checkpoint {path} has no file {name:?}")]
+    NotInManifest {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// The name asked for.
+        name: String,
+    },
+    /// Reading failed.
+    #[error("cannot read checkpoint file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// The file changed since the checkpoint was verified.
+    #[error("checkpoint file {path} no longer matches the manifest: {reason}")]
+    Changed {
+        /// The file.
+        path: PathBuf,
+        /// What differs.
+        reason: String,
+    },
+}
+
+impl ValidCheckpoint {
+    /// The world size the checkpoint was written with. Whether a job of another size may resume
+    /// from it is the caller's decision.
+    pub fn world_size(&self) -> u32 {
+        self.manifest.world_size
+    }
+
+    /// The names of its files (without the manifest), sorted.
+    pub fn file_names(&self) -> impl Iterator<Item = &str> {
+        self.manifest.files.iter().map(|f| f.name.as_str())
+    }
+
+    /// The path of the file `name`, if the checkpoint has one (for readers that want to stream or
+    /// map it; [`read_file`](Self::read_file) checks the contents again).
+    pub fn file_path(&self, name: &str) -> Option<PathBuf> {
+        self.manifest.file(name).map(|f| self.path.join(&f.name))
+    }
+
+    /// Reads the file `name` whole, checking its size and sha256 against the manifest again (the
+    /// file may have changed since [`verify`]).
+    pub fn read_file(&self, name: &str) -> Result<Vec<u8>, ReadCheckpointFileError> {
+        let Some(entry) = self.manifest.file(name) else {
+            return Err(ReadCheckpointFileError::NotInManifest {
+                path: self.path.clone(),
+                name: name.to_owned(),
+            });
+        };
+        let path = self.path.join(&entry.name);
+        let bytes = fs::read(&path)
+            .map_err(|source| ReadCheckpointFileError::Read { path: path.clone(), source })?;
+        if bytes.len() as u64 != entry.size {
+            return Err(ReadCheckpointFileError::Changed {
+                path,
+                reason: format!("{} bytes, the manifest says {}", bytes.len(), entry.size),
+            });
+        }
+        let actual = hex::encode(Sha256::digest(&bytes));
+        if !actual.eq_ignore_ascii_case(&entry.sha256) {
+            return Err(ReadCheckpointFileError::Changed {
+                path,
+                reason: format!("sha256 {actual}, the manifest says {}", entry.sha256),
+            });
+        }
+        Ok(bytes)
+    }
+}
+
+/// Verifies the checkpoint directory `path`: its name is `step-<N>`, its manifest parses, is of a
+/// known format and of step N, and every file it lists exists with the listed size and sha256.
+/// Reads every file.
+pub fn verify(path: impl AsRef<Path>) -> Result<ValidCheckpoint, VerifyCheckpointError> {
+    let path = path.as_ref().to_path_buf();
+    let Some(dir_step) = path.file_name().and_then(|n| n.to_str()).and_then(parse_step_dir_name)
+    else {
+        return Err(VerifyCheckpointError::NotAStepDir { path });
+    };
+    let manifest_bytes = match fs::read(path.join(MANIFEST_FILE)) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(VerifyCheckpointError::ManifestMissing { path });
+        }
+        Err(source) => return Err(VerifyCheckpointError::ReadManifest { path, source }),
+    };
+    let manifest: Manifest = match serde_json::from_slice(&manifest_bytes) {
+        Ok(manifest) => manifest,
+        Err(source) => return Err(VerifyCheckpointError::ParseManifest { path, source }),
+    };
+    if manifest.format_version > FORMAT_VERSION {
+        return Err(VerifyCheckpointError::UnsupportedVersion {
+            path,
+            found: manifest.format_version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    if manifest.step != dir_step {
+        return Err(VerifyCheckpointError::StepMismatch {
+            path,
+            dir_step,
+            manifest_step: manifest.step,
+        });
+    }
+    for (i, file) in manifest.files.iter().enumerate() {
+        if let Some(reason) = file_name_problem(&file.name) {
+            return Err(VerifyCheckpointError::BadFileName {
+                path,
+                name: file.name.clone(),
+                reason,
+            });
+        }
+        if manifest.files.iter().take(i).any(|f| f.name == file.name) {
+            return Err(VerifyCheckpointError::DuplicateFile { path, name: file.name.clone() });
+        }
+    }
+    // Sizes first: a truncated file is found without hashing gigabytes of the others.
+    for file in &manifest.files {
+        let file_path = path.join(&file.name);
+        let actual = match fs::metadata(&file_path) {
+            Ok(meta) => meta.len(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(VerifyCheckpointError::FileMissing { path, name: file.name.clone() });
+            }
+            Err(source) => {
+                return Err(VerifyCheckpointError::ReadFile {
+                    path,
+                    name: file.name.clone(),
+                    source,
+                });
+            }
+        };
+        if actual != file.size {
+            return Err(VerifyCheckpointError::SizeMismatch {
+                path,
+                name: file.name.clone(),
+                expected: file.size,
+                actual,
+            });
+        }
+    }
+    let mut buffer = vec![0u8; IO_BUFFER_BYTES];
+    for file in &manifest.files {
+        let (size, sha256) = match hash_file(&path.join(&file.name), &mut buffer) {
+            Ok(hashed) => hashed,
+            Err(source) => {
+                return Err(VerifyCheckpointError::ReadFile {
+                    path,
+                    name: file.name.clone(),
+                    source,
+                });
+            }
+        };
+        if size != file.size {
+            return Err(VerifyCheckpointError::SizeMismatch {
+                path,
+                name: file.name.clone(),
+                expected: file.size,
+                actual: size,
+            });
+        }
+        if !sha256.eq_ignore_ascii_case(&file.sha256) {
+            return Err(VerifyCheckpointError::HashMismatch {
+                path,
+                name: file.name.clone(),
+                expected: file.sha256.clone(),
+                actual: sha256,
+            });
+        }
+    }
+    Ok(ValidCheckpoint { step: dir_step, path, manifest })
+}
+
+fn hash_file(path: &Path, buffer: &mut [u8]) -> io::Result<(u64, String)> {
+    let mut file = File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut size = 0u64;
+    loop {
+        let n = match file.read(buffer) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        let chunk = buffer.get(..n).unwrap_or(buffer);
+        hasher.update(chunk);
+        size += chunk.len() as u64;
+    }
+    Ok((size, hex::encode(hasher.finalize())))
+}
+
+/// The newest checkpoint in `checkpoint_dir` that [`verify`] accepts, or `None` when there is
+/// none (or no such directory). Each newer one refused on the way is logged (`warn`) with the
+/// directory and the reason.
+pub fn newest_valid(
+    checkpoint_dir: impl AsRef<Path>,
+) -> Result<Option<ValidCheckpoint>, ListCheckpointsError> {
+    for dir in step_dirs(checkpoint_dir)? {
+        match verify(&dir.path) {
+            Ok(valid) => return Ok(Some(valid)),
+            Err(reason) => {
+                warn!(
+                    checkpoint = %dir.path.display(),
+                    %reason,
+                    "checkpoint refused; trying the previous one"
+                );
+            }
+        }
+    }
+    Ok(None)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Retention
+
+/// [`prune`] failed.
+#[derive(Debug, Error)]
+pub enum PruneCheckpointsError {
+    /// Listing the checkpoint directory failed.
+    #[error(transparent)]
+    List(#[from] ListCheckpointsError),
+    /// Removing an old checkpoint failed.
+    #[error("cannot remove old checkpoint {path}: {source}")]
+    Remove {
+        /// The checkpoint directory that stays.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+}
+
+/// What [`prune`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PruneOutcome {
+    /// The valid checkpoints kept, newest first.
+    pub kept: Vec<PathBuf>,
+    /// The checkpoints removed (valid or not), newest first.
+    pub removed: Vec<PathBuf>,
+    /// Checkpoints neither kept nor removed because they are not older than the oldest kept one
+    /// (invalid ones newer than it, a second directory of a kept step), or because no checkpoint
+    /// is valid.
+    pub left_alone: Vec<PathBuf>,
+    /// Stale temporary directories removed.
+    pub removed_temp_dirs: Vec<PathBuf>,
+}
+
+/// Keeps the newest `keep_last` valid checkpoints in `checkpoint_dir` (at least one: `0` counts
+/// as `1`, so the newest valid checkpoint is never removed) and removes every checkpoint older
+/// than the oldest kept one, valid or not. Invalid checkpoints newer than that stay (they are not
+/// known to be older), and nothing is removed when no checkpoint is valid. Temporary directories
+/// older than the newest valid checkpoint are removed too (left by interrupted writes).
+///
+/// Verifies (reads) checkpoints from the newest until `keep_last` valid ones are found.
+pub fn prune(
+    checkpoint_dir: impl AsRef<Path>,
+    keep_last: usize,
+) -> Result<PruneOutcome, PruneCheckpointsError> {
+    let checkpoint_dir = checkpoint_dir.as_ref();
+    let keep_last = keep_last.max(1);
+    let dirs = step_dirs(checkpoint_dir)?;
+    let mut outcome = PruneOutcome::default();
+    let mut kept_steps = Vec::new();
+    let mut others = Vec::new();
+    for dir in dirs {
+        if kept_steps.len() < keep_last {
+            match verify(&dir.path) {
+                Ok(valid) => {
+                    kept_steps.push(valid.step);
+                    outcome.kept.push(valid.path);
+                    continue;
+                }
+                Err(reason) => {
+                    debug!(
+                        checkpoint = %dir.path.display(),
+                        %reason,
+                        "invalid checkpoint seen while pruning"
+                    );
+                }
+            }
+        }
+        others.push(dir);
+    }
+    let Some(&oldest_kept_step) = kept_steps.last() else {
+        outcome.left_alone = others.into_iter().map(|d| d.path).collect();
+        return Ok(outcome);
+    };
+    for dir in others {
+        // Not older: an invalid one newer than a kept one, or a second directory of a kept step
+        // (`step-12` beside `step-00000012`).
+        if dir.step >= oldest_kept_step {
+            outcome.left_alone.push(dir.path);
+            continue;
+        }
+        remove_checkpoint(checkpoint_dir, &dir)?;
+        outcome.removed.push(dir.path);
+    }
+    if let Some(newest) = outcome.kept.first() {
+        match fs::metadata(newest.join(MANIFEST_FILE)).and_then(|m| m.modified()) {
+            Ok(committed) => {
+                outcome.removed_temp_dirs = remove_stale_temp_dirs(checkpoint_dir, committed, None);
+            }
+            Err(e) => {
+                warn!(
+                    checkpoint = %newest.display(),
+                    error = %e,
+                    "cannot read the manifest's mtime; not removing stale temporary directories"
+                );
+            }
+        }
+    }
+    Ok(outcome)
+}
+
+/// Removes a checkpoint by first renaming it to a temporary name, so that a crash half way through
+/// never leaves a partial `step-*` directory.
+fn remove_checkpoint(checkpoint_dir: &Path, dir: &StepDir) -> Result<(), PruneCheckpointsError> {
+    let aside = checkpoint_dir.join(temp_dir_name(dir.step, "-pruned"));
+    fs::rename(&dir.path, &aside)
+        .map_err(|source| PruneCheckpointsError::Remove { path: dir.path.clone(), source })?;
+    if let Err(e) = fs::remove_dir_all(&aside) {
+        warn!(
+            dir = %aside.display(),
+            error = %e,
+            "cannot remove a pruned checkpoint; the next writer will"
+        );
+    }
+    info!(checkpoint = %dir.path.display(), "old checkpoint pruned");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_dir_names_are_zero_padded_and_parse_back() {
+        assert_eq!(step_dir_name(120), "step-00000120");
+        assert_eq!(step_dir_name(123_456_789_012), "step-123456789012");
+        assert_eq!(parse_step_dir_name("step-00000120"), Some(120));
+        assert_eq!(parse_step_dir_name("step-7"), Some(7));
+        assert_eq!(parse_step_dir_name(&step_dir_name(u64::MAX)), Some(u64::MAX));
+        for bad in ["step-", "step-12a", "step--1", "step-+1", ".tmp-step-00000001-1-0", "steps-1"]
+        {
+            assert_eq!(parse_step_dir_name(bad), None, "{bad}");
+        }
+        let mut names: Vec<String> = [100, 9, 20].into_iter().map(step_dir_name).collect();
+        names.sort();
+        assert_eq!(names, ["step-00000009", "step-00000020", "step-00000100"]);
+    }
+
+    #[test]
+    fn temp_dir_names_are_not_step_dirs_and_differ() {
+        let a = temp_dir_name(5, "");
+        let b = temp_dir_name(5, "");
+        assert!(a.starts_with(".tmp-step-00000005-"), "{a}");
+        assert_ne!(a, b);
+        assert_eq!(parse_step_dir_name(&a), None);
+    }
+
+    #[test]
+    fn file_names_must_be_one_plain_component() {
+        for bad in ["", "manifest.json", ".hidden", ".", "..", "a/b", "../x", "a\\b", "a\0b"] {
+            assert!(file_name_problem(bad).is_some(), "{bad:?} accepted");
+        }
+        for good in ["model.safetensors", "state.json", "rank-0.bin"] {
+            assert_eq!(file_name_problem(good), None, "{good:?} refused");
+        }
+    }
+
+    #[test]
+    fn hashing_writer_matches_a_one_shot_hash() {
+        let mut out = HashingWriter { inner: Vec::new(), hasher: Sha256::new(), size: 0 };
+        out.write_all(b"hello ").unwrap();
+        out.write_all(b"world").unwrap();
+        assert_eq!(out.size, 11);
+        assert_eq!(out.inner, b"hello world");
+        assert_eq!(hex::encode(out.hasher.finalize()), hex::encode(Sha256::digest(b"hello world")));
+    }
+
+    #[test]
+    fn manifest_json_round_trips() {
+        let manifest = Manifest {
+            format_version: FORMAT_VERSION,
+            step: 42,
+            world_size: 4,
+            job_id: "job-1".into(),
+            created_unix_ms: 1_700_000_000_000,
+            files: vec![ManifestFile { name: "a".into(), size: 3, sha256: "ab".into() }],
+        };
+        let json = serde_json::to_string(&manifest).unwrap();
+        assert!(json.contains("\"world_size\":4"), "{json}");
+        assert_eq!(serde_json::from_str::<Manifest>(&json).unwrap(), manifest);
+    }
+
+    #[test]
+    fn a_failed_add_fails_the_commit_and_leaves_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut writer = CheckpointWriter::begin(tmp.path(), 3, 1, "job").unwrap();
+        writer.add_file("good", b"ok").unwrap();
+        let err = writer
+            .write_file("bad", |out| {
+                out.write_all(b"partial")?;
+                Err(io::Error::other("serialiser broke"))
+            })
+            .unwrap_err();
+        assert!(matches!(err, AddCheckpointFileError::Write { .. }), "{err}");
+        let later = writer.add_file("later", b"x").unwrap_err();
+        assert!(matches!(later, AddCheckpointFileError::EarlierFailure { .. }), "{later}");
+        let commit = writer.commit().unwrap_err();
+        assert!(commit.to_string().contains("serialiser broke"), "{commit}");
+        assert_eq!(fs::read_dir(tmp.path()).unwrap().count(), 0, "something was left behind");
+    }
+
+    #[test]
+    fn bad_and_duplicate_names_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut writer = CheckpointWriter::begin(tmp.path(), 1, 1, "job").unwrap();
+        let err = writer.add_file("manifest.json", b"{}").unwrap_err();
+        assert!(matches!(err, AddCheckpointFileError::InvalidName { .. }), "{err}");
+        let mut writer = CheckpointWriter::begin(tmp.path(), 1, 1, "job").unwrap();
+        writer.add_file("a", b"1").unwrap();
+        let err = writer.add_file("a", b"2").unwrap_err();
+        assert!(matches!(err, AddCheckpointFileError::Duplicate { .. }), "{err}");
+    }
+
+    #[test]
+    fn zero_world_size_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let err = CheckpointWriter::begin(tmp.path(), 1, 0, "job").unwrap_err();
+        assert!(matches!(err, BeginCheckpointError::ZeroWorldSize { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_dropped_writer_removes_its_temp_dir() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut writer = CheckpointWriter::begin(tmp.path(), 1, 1, "job").unwrap();
+        writer.add_file("a", b"1").unwrap();
+        let temp = writer.temp_path().to_path_buf();
+        assert!(temp.is_dir());
+        drop(writer);
+        assert!(!temp.exists());
+    }
+
+    #[test]
+    fn verify_refuses_names_that_escape_the_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("step-00000001");
+        fs::create_dir(&dir).unwrap();
+        fs::write(tmp.path().join("outside"), b"x").unwrap();
+        let manifest = Manifest {
+            format_version: FORMAT_VERSION,
+            step: 1,
+            world_size: 1,
+            job_id: "job".into(),
+            created_unix_ms: 0,
+            files: vec![ManifestFile {
+                name: "../outside".into(),
+                size: 1,
+                sha256: hex::encode(Sha256::digest(b"x")),
+            }],
+        };
+        fs::write(dir.join(MANIFEST_FILE), serde_json::to_vec(&manifest).unwrap()).unwrap();
+        let err = verify(&dir).unwrap_err();
+        assert!(matches!(err, VerifyCheckpointError::BadFileName { .. }), "{err}");
+    }
+}
