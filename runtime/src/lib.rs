@@ -8,3 +8,4 @@
 //! The bundled job queue and data-parallel trainer build on it.
 
 pub mod checkpoint;
+pub mod collective;
