@@ -4,8 +4,11 @@
 //!   each rank is started with ([`checkpoint::ProtocolEnv`]), writing a checkpoint directory that
 //!   appears atomically and complete ([`checkpoint::CheckpointWriter`]), finding the newest one that
 //!   verifies ([`checkpoint::newest_valid`]) and keeping the last few ([`checkpoint::prune`]).
+//! - [`collective`]: ranks meet through `MASTER_ADDR`/`MASTER_PORT` and average gradients with a
+//!   deterministic ring all-reduce over TCP ([`collective::Communicator`]); a dead or silent peer
+//!   fails every rank within the collective timeout, naming it.
 //!
-//! The bundled job queue and data-parallel trainer build on it.
+//! The bundled job queue and data-parallel trainer build on them.
 
 pub mod checkpoint;
 pub mod collective;
