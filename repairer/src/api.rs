@@ -367,6 +367,21 @@ struct ActionBody {
     action: Option<RuleAction>,
 }
 
+/// The `{"action": ...}` body of repair and approve; an empty body names no action.
+fn read_action(
+    body: Result<Bytes, BytesRejection>,
+    limit: usize,
+) -> Result<Option<RuleAction>, ApiError> {
+    let body = read_body(body, limit)?;
+    if body.is_empty() {
+        return Ok(None);
+    }
+    let body: ActionBody = serde_json::from_slice(&body).map_err(|e| {
+        bad_request(format!("expected {{\"action\": \"drain\"|\"reboot\"|\"replace\"}}: {e}"))
+    })?;
+    Ok(body.action)
+}
+
 async fn drain(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
@@ -394,11 +409,8 @@ async fn repair(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     authorize(&headers, None, &state.tokens.admin)?;
-    let body = read_body(body, state.max_body_bytes)?;
-    let body: ActionBody = serde_json::from_slice(&body).map_err(|e| {
-        bad_request(format!("expected {{\"action\": \"reboot\"|\"replace\"|\"drain\"}}: {e}"))
-    })?;
-    let action = body.action.ok_or_else(|| bad_request("action is required"))?;
+    let action = read_action(body, state.max_body_bytes)?
+        .ok_or_else(|| bad_request("action is required"))?;
     let id = state.engine.request_repair(&name, action, &person(&headers))?;
     Ok(axum::Json(serde_json::json!({ "workflow": id })).into_response())
 }
@@ -410,14 +422,8 @@ async fn approve(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     authorize(&headers, None, &state.tokens.admin)?;
-    let body = read_body(body, state.max_body_bytes)?;
-    let body: ActionBody = if body.is_empty() {
-        ActionBody { action: None }
-    } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| bad_request(format!("expected {{\"action\": ...}}: {e}")))?
-    };
-    state.engine.approve(&name, body.action.unwrap_or(RuleAction::Replace), &person(&headers))?;
+    let action = read_action(body, state.max_body_bytes)?.unwrap_or(RuleAction::Replace);
+    state.engine.approve(&name, action, &person(&headers))?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

@@ -487,24 +487,17 @@ impl Engine {
                         node.unhealthy_since_ms = Some(now);
                     }
                     if matches!(node.state, NodeState::Healthy | NodeState::Suspect) {
-                        let from = node.state;
-                        node.state = NodeState::Unreachable;
-                        node.state_since_ms = now;
-                        let _ = self.record(Event {
-                            from_state: Some(from),
-                            to_state: Some(NodeState::Unreachable),
-                            ..Event::new(
-                                EventKind::StateChanged,
-                                Severity::Warning,
-                                Some(&node.name),
-                                Actor::repairer(),
-                                format!(
-                                    "no report for {} intervals",
-                                    self.config.unreachable_after
-                                ),
-                                now,
-                            )
-                        });
+                        let reason =
+                            format!("no report for {} intervals", self.config.unreachable_after);
+                        if let Err(err) = self.transition(
+                            node,
+                            NodeState::Unreachable,
+                            &reason,
+                            Actor::repairer(),
+                            now,
+                        ) {
+                            tracing::error!(node = %node.name, error = %err, "recording an unreachable node failed");
+                        }
                     }
                     let _ = self.save(node);
                 }
@@ -807,8 +800,6 @@ impl Engine {
             _ => Severity::Warning,
         };
         self.record(Event {
-            from_state: Some(node.state),
-            to_state: Some(to),
             workflow: node.workflow,
             findings: node
                 .findings
@@ -816,7 +807,7 @@ impl Engine {
                 .filter(|t| t.finding.status == Status::Fail)
                 .map(|t| t.finding.clone())
                 .collect(),
-            ..Event::new(EventKind::StateChanged, severity, Some(&node.name), actor, reason, now)
+            ..Event::state_change(&node.name, node.state, to, severity, actor, reason, now)
         })?;
         node.state = to;
         node.state_since_ms = now;

@@ -306,6 +306,23 @@ pub struct Event {
 }
 
 impl Event {
+    /// `node` went from `from` to `to`.
+    pub fn state_change(
+        node: &str,
+        from: NodeState,
+        to: NodeState,
+        severity: Severity,
+        actor: Actor,
+        reason: impl Into<String>,
+        at_ms: u64,
+    ) -> Event {
+        Event {
+            from_state: Some(from),
+            to_state: Some(to),
+            ..Event::new(EventKind::StateChanged, severity, Some(node), actor, reason, at_ms)
+        }
+    }
+
     /// An event about `node` with no state change, action or findings; fill in with struct update.
     pub fn new(
         kind: EventKind,

@@ -95,18 +95,7 @@ fn state_change(
     severity: Severity,
     reason: &str,
 ) -> Event {
-    Event {
-        from_state: Some(from),
-        to_state: Some(to),
-        ..Event::new(
-            EventKind::StateChanged,
-            severity,
-            Some(node),
-            Actor::repairer(),
-            reason,
-            now_ms(),
-        )
-    }
+    Event::state_change(node, from, to, severity, Actor::repairer(), reason, now_ms())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

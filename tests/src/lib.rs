@@ -143,6 +143,11 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
+    read_response(stream)
+}
+
+/// Reads a whole `Connection: close` HTTP/1.1 response: status and (de-chunked) body.
+fn read_response(mut stream: std::net::TcpStream) -> Option<(u16, String)> {
     let mut response = Vec::new();
     stream.read_to_end(&mut response).ok()?;
     let text = String::from_utf8_lossy(&response).into_owned();
@@ -224,17 +229,7 @@ pub fn http_post_json(addr: SocketAddr, path: &str, json: &str) -> Option<(u16, 
         json.len()
     )
     .ok()?;
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).ok()?;
-    let text = String::from_utf8_lossy(&response).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        dechunk(body)
-    } else {
-        body.to_owned()
-    };
-    Some((status, body))
+    read_response(stream)
 }
 
 /// Starts `fleetmend repairer --config CONFIG`, stderr to `stderr_path` (appended, so a restarted
