@@ -210,6 +210,8 @@ pub fn build_report(state: &AgentState, seq: u64, trigger: ReportTrigger) -> Rep
         checks: results.iter().map(|r| r.summary()).collect(),
         findings,
         command_results: Vec::new(),
+        address: None,
+        ranks: Vec::new(),
     }
 }
 

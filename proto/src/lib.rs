@@ -9,6 +9,12 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+pub mod jobs;
+
+pub use jobs::{
+    Progress, ProgressReply, RankKey, RankSignal, RankState, RankStatus, RunRank, SignalRank,
+};
+
 /// The version of this wire format; bumped on incompatible changes.
 pub const WIRE_VERSION: u32 = 1;
 
@@ -280,6 +286,12 @@ pub struct Report {
     /// delivered report. Sent again until a report carrying them is accepted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub command_results: Vec<CommandResult>,
+    /// The host other nodes reach this node at (a job's rank 0 hosts its rendezvous there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// The ranks of jobs this agent runs or ran recently (see [`RankStatus`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<RankStatus>,
 }
 
 /// Command kinds a repairer may send to an agent.
@@ -288,6 +300,10 @@ pub mod command_kind {
     pub const DEEP_CHECK: &str = "deep-check";
     /// Run the agent's configured reboot command (the `agent` provider).
     pub const REBOOT: &str = "reboot";
+    /// Start one rank of a job as a child of the agent ([`crate::RunRank`]).
+    pub const RUN_RANK: &str = "run-rank";
+    /// Forward a signal to a rank the agent runs ([`crate::SignalRank`]).
+    pub const SIGNAL_RANK: &str = "signal-rank";
 }
 
 /// How a command the repairer sent went.
@@ -322,6 +338,8 @@ pub enum ReportTrigger {
     Startup,
     /// A command the repairer sent finished (its result is in `command_results`).
     Command,
+    /// A rank of a job this agent runs ended.
+    RankExit,
 }
 
 /// The repairer's answer to a report. Open for growth: commands for the node travel here, and an

@@ -640,6 +640,8 @@ impl ReportWriter {
                 ],
                 findings: Vec::new(),
                 command_results: Vec::new(),
+                address: None,
+                ranks: Vec::new(),
             },
             fatal: fatal_finding(),
             warn: warn_finding(),

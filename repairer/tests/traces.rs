@@ -153,6 +153,8 @@ impl Harness {
             checks: Vec::new(),
             findings,
             command_results,
+            address: None,
+            ranks: Vec::new(),
         };
         let response =
             self.client.post(format!("{}/v1/reports", self.base)).json(&report).send().await;

@@ -402,6 +402,8 @@ fn agent_loop(repairer: SocketAddr, reboots: &Path, shared: &Mutex<AgentShared>)
                 checks: Vec::new(),
                 findings,
                 command_results: node.results.clone(),
+                address: None,
+                ranks: Vec::new(),
             };
             let body = serde_json::to_string(&report).expect("serialize a report");
             let Some((200, reply)) = http_post_json(repairer, "/v1/reports", &body) else {

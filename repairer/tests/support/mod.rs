@@ -681,6 +681,8 @@ impl AgentInner {
             checks,
             findings,
             command_results,
+            address: None,
+            ranks: Vec::new(),
         })
     }
 
