@@ -75,6 +75,8 @@ enum Verb {
         #[arg(long)]
         action: Option<String>,
     },
+    /// Train the bundled model (one rank; ranks meet through RANK, WORLD_SIZE, MASTER_ADDR/PORT).
+    Train(fleetmend_runtime::train::TrainArgs),
     /// Show the breaker, or close it.
     Breaker {
         #[command(flatten)]
@@ -183,6 +185,7 @@ fn main() -> ExitCode {
     match cli.verb {
         Verb::Agent(args) => agent(args),
         Verb::Repairer(args) => repairer(args),
+        Verb::Train(args) => fleetmend_runtime::train::main(args),
         verb => client(verb),
     }
 }
@@ -295,7 +298,9 @@ fn client(verb: Verb) -> ExitCode {
         | Verb::Undrain(node)
         | Verb::Repair { node, .. }
         | Verb::Approve { node, .. } => node.client.clone(),
-        Verb::Agent(_) | Verb::Repairer(_) => return ExitCode::from(EXIT_CANNOT_RUN),
+        Verb::Agent(_) | Verb::Repairer(_) | Verb::Train(_) => {
+            return ExitCode::from(EXIT_CANNOT_RUN);
+        }
     };
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime,
@@ -361,7 +366,7 @@ fn client(verb: Verb) -> ExitCode {
                         .map_err(|e| e.to_string())?;
                 show(serde_json::to_value(&state).unwrap_or_default())
             }
-            Verb::Agent(_) | Verb::Repairer(_) => String::new(),
+            Verb::Agent(_) | Verb::Repairer(_) | Verb::Train(_) => String::new(),
         })
     });
     match result {

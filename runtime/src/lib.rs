@@ -12,3 +12,5 @@
 
 pub mod checkpoint;
 pub mod collective;
+#[cfg(feature = "trainer")]
+pub mod train;
