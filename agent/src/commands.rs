@@ -1,8 +1,11 @@
-//! Commands from the repairer, carried out on the node: `deep-check` and `reboot`.
+//! Commands from the repairer, carried out on the node: `deep-check`, `reboot`, `run-rank` and
+//! `signal-rank`.
 //!
-//! Commands arrive in the replies to reports ([`Commands::submit`]) and run one at a time, in
-//! arrival order, on a task of their own ([`CommandExecutor::run`]): a deep check that takes ten
-//! minutes never holds up a report or a scrape. Each result waits in the [`CommandOutbox`] until a
+//! Commands arrive in the replies to reports ([`Commands::submit`]). Deep checks and reboots run
+//! one at a time, in arrival order, on a task of their own ([`CommandExecutor::run`]): a deep check
+//! that takes ten minutes never holds up a report or a scrape. `run-rank` and `signal-rank` take
+//! milliseconds and must not wait behind a deep check (a checkpoint signal is urgent), so
+//! [`Commands::submit`] carries them out at once through the [`RankSupervisor`]. Each result waits in the [`CommandOutbox`] until a
 //! report carrying it is accepted, and its arrival asks the reporter for a report at once.
 //!
 //! A command id is run at most once (the last [`REMEMBERED_IDS`] ids are kept), and every command
@@ -22,6 +25,7 @@ use tokio::time::Instant;
 
 use crate::checks::Observation;
 use crate::config::{CommandsConfig, HostPaths, ProbeConfig};
+use crate::ranks::{RankSupervisor, RunOutcome};
 use crate::runner::{AgentState, CheckResult, CheckSlot, unix_millis};
 
 /// How many command ids an agent remembers, to run a repeated command only once.
@@ -166,6 +170,8 @@ pub struct Commands {
     queue: mpsc::Sender<NodeCommand>,
     seen: Mutex<RecentIds>,
     outbox: Arc<CommandOutbox>,
+    /// Runs `run-rank` and `signal-rank`; none: they are refused.
+    ranks: Option<Arc<RankSupervisor>>,
 }
 
 impl Commands {
@@ -177,6 +183,17 @@ impl Commands {
         paths: Arc<HostPaths>,
         state: Arc<AgentState>,
     ) -> (Arc<Commands>, CommandExecutor) {
+        Commands::with_ranks(config, slots, paths, state, None)
+    }
+
+    /// As [`Commands::new`], with `ranks` carrying out `run-rank` and `signal-rank`.
+    pub fn with_ranks(
+        config: CommandsConfig,
+        slots: Vec<Arc<CheckSlot>>,
+        paths: Arc<HostPaths>,
+        state: Arc<AgentState>,
+        ranks: Option<Arc<RankSupervisor>>,
+    ) -> (Arc<Commands>, CommandExecutor) {
         let (queue, receiver) = mpsc::channel(QUEUE_CAPACITY);
         let outbox = Arc::new(CommandOutbox::default());
         let executor = CommandExecutor {
@@ -187,12 +204,17 @@ impl Commands {
             outbox: Arc::clone(&outbox),
             queue: receiver,
         };
-        let commands = Commands { queue, seen: Mutex::new(RecentIds::default()), outbox };
+        let commands = Commands { queue, seen: Mutex::new(RecentIds::default()), outbox, ranks };
         (Arc::new(commands), executor)
     }
 
     pub fn outbox(&self) -> &CommandOutbox {
         &self.outbox
+    }
+
+    /// The rank supervisor, where this agent has one.
+    pub fn ranks(&self) -> Option<&Arc<RankSupervisor>> {
+        self.ranks.as_ref()
     }
 
     /// Queues `command` to run after the ones before it; a repeated id is dropped, and a command
@@ -205,6 +227,12 @@ impl Commands {
         }
         if !self.seen.lock().unwrap_or_else(PoisonError::into_inner).insert(&command.id) {
             tracing::info!(id = %command.id, kind = %command.kind, "command seen before; not run again");
+            return;
+        }
+        if command.kind == command_kind::RUN_RANK || command.kind == command_kind::SIGNAL_RANK {
+            let result = self.rank_command(&command);
+            tracing::info!(id = %command.id, kind = %command.kind, ok = result.ok, "{}", result.message);
+            self.outbox.push(result);
             return;
         }
         if !is_supported(&command.kind) {
@@ -230,6 +258,65 @@ impl Commands {
     }
 }
 
+impl Commands {
+    /// Carries out a `run-rank` or `signal-rank` now; its result.
+    fn rank_command(&self, command: &NodeCommand) -> CommandResult {
+        let Some(ranks) = &self.ranks else {
+            return result_of(
+                command,
+                false,
+                format!("refused: this agent runs no jobs ({} not carried out)", command.kind),
+            );
+        };
+        if command.kind == command_kind::RUN_RANK {
+            let run = match command.args_as::<fleetmend_proto::RunRank>() {
+                Ok(run) => run,
+                Err(err) => return result_of(command, false, format!("refused: {err}")),
+            };
+            match ranks.run(&run) {
+                Ok(RunOutcome::Started { pid, log }) => result_of(
+                    command,
+                    true,
+                    format!("started rank {} (pid {pid}); output in {}", run.key, log.display()),
+                ),
+                // Idempotent: the rank stands as it was. Running counts as done; one that ended
+                // (or never started) is not started again, and the result says so.
+                Ok(RunOutcome::AlreadyStarted(status)) => {
+                    let running = status.state == fleetmend_proto::RankState::Running;
+                    let pid = status.pid.map(|pid| format!(" (pid {pid})")).unwrap_or_default();
+                    let state = match status.state {
+                        fleetmend_proto::RankState::Running => "running",
+                        fleetmend_proto::RankState::Exited => "exited",
+                        fleetmend_proto::RankState::FailedToStart => "failed to start",
+                    };
+                    result_of(
+                        command,
+                        running,
+                        format!(
+                            "rank {} was started before{pid} and is {state}: {}; not started again",
+                            run.key, status.message
+                        ),
+                    )
+                }
+                Err(err) => result_of(command, false, err.to_string()),
+            }
+        } else {
+            let signal = match command.args_as::<fleetmend_proto::SignalRank>() {
+                Ok(signal) => signal,
+                Err(err) => return result_of(command, false, format!("refused: {err}")),
+            };
+            match ranks.signal(&signal) {
+                Ok(pid) => result_of(
+                    command,
+                    true,
+                    format!("sent {} to rank {} (process group {pid})", signal.signal, signal.key),
+                ),
+                Err(err) => result_of(command, false, err.to_string()),
+            }
+        }
+    }
+}
+
 fn is_supported(kind: &str) -> bool {
     kind == command_kind::DEEP_CHECK || kind == command_kind::REBOOT
 }
@@ -239,10 +326,12 @@ fn unsupported(command: &NodeCommand) -> CommandResult {
         command,
         false,
         format!(
-            "unsupported command kind {:?} (this agent runs {:?} and {:?})",
+            "unsupported command kind {:?} (this agent runs {:?}, {:?}, {:?} and {:?})",
             command.kind,
             command_kind::DEEP_CHECK,
-            command_kind::REBOOT
+            command_kind::REBOOT,
+            command_kind::RUN_RANK,
+            command_kind::SIGNAL_RANK,
         ),
     )
 }

@@ -30,6 +30,8 @@ pub struct AgentConfig {
     pub checks: ChecksConfig,
     /// Commands the repairer may send: deep checks and reboots.
     pub commands: CommandsConfig,
+    /// Running the ranks of jobs the repairer's queue places on this node (`run-rank`).
+    pub jobs: JobsConfig,
 }
 
 impl Default for AgentConfig {
@@ -41,6 +43,7 @@ impl Default for AgentConfig {
             report: ReportConfig::default(),
             checks: ChecksConfig::default(),
             commands: CommandsConfig::default(),
+            jobs: JobsConfig::default(),
         }
     }
 }
@@ -227,6 +230,66 @@ impl CommandsConfig {
     }
 }
 
+/// Running job ranks on this node (`[jobs]`): `run-rank` starts a program the repairer names, so an
+/// agent does it only when its operator turned it on.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JobsConfig {
+    /// Whether `run-rank` and `signal-rank` commands are carried out; off, they are refused (the
+    /// repairer gets a failed result saying so) and nothing is started.
+    pub enabled: bool,
+    /// Each rank gets `<dir>/<job>/attempt-<n>/rank-<r>/` as its working directory (unless the
+    /// command names one), with its stdout and stderr appended to `rank.log` there.
+    pub dir: PathBuf,
+    /// How long a rank that ended keeps appearing in reports.
+    #[serde(with = "humantime_serde")]
+    pub retain_exited: Duration,
+    /// When the agent itself stops, its ranks get SIGTERM, then SIGKILL after this long.
+    #[serde(with = "humantime_serde")]
+    pub stop_grace: Duration,
+    /// The host other nodes reach this node at, sent in every report (a job's rank 0 hosts its
+    /// rendezvous there). Default: the host name.
+    pub advertise_address: Option<String>,
+}
+
+impl Default for JobsConfig {
+    fn default() -> Self {
+        JobsConfig {
+            enabled: false,
+            dir: PathBuf::from("/var/lib/fleetmend/jobs"),
+            retain_exited: Duration::from_secs(600),
+            stop_grace: Duration::from_secs(30),
+            advertise_address: None,
+        }
+    }
+}
+
+impl JobsConfig {
+    /// Adds every problem of this section, naming `section` (`jobs`).
+    pub fn validate(&self, section: &str, problems: &mut ConfigProblems) {
+        if self.dir.as_os_str().is_empty() {
+            problems.push(format!("{section}.dir"), "must not be empty");
+        }
+        for (field, value) in
+            [("retain_exited", self.retain_exited), ("stop_grace", self.stop_grace)]
+        {
+            if value.is_zero() {
+                problems.push(format!("{section}.{field}"), "must be greater than zero");
+            }
+        }
+        if let Some(address) = &self.advertise_address
+            && (address.is_empty()
+                || address.contains('/')
+                || address.chars().any(|c| c.is_whitespace() || c.is_control()))
+        {
+            problems.push(
+                format!("{section}.advertise_address"),
+                format!("{address:?} is not a host name or IP address"),
+            );
+        }
+    }
+}
+
 /// When a check runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Schedule {
@@ -366,6 +429,7 @@ impl AgentConfig {
         checks.disk.validate("checks.disk", &mut problems);
         checks.host.validate("checks.host", &mut problems);
         self.commands.validate("commands", &mut problems);
+        self.jobs.validate("jobs", &mut problems);
         problems
     }
 }
@@ -435,6 +499,29 @@ mod tests {
         );
         let refused = AgentConfig::parse("[commands]\nreboot = []\n").unwrap();
         assert!(refused.validate().is_empty(), "{}", refused.validate());
+    }
+
+    #[test]
+    fn jobs_are_off_by_default_and_bad_fields_are_named() {
+        let jobs = AgentConfig::parse("").unwrap().jobs;
+        assert!(!jobs.enabled);
+        assert_eq!(jobs.retain_exited, Duration::from_secs(600));
+        assert_eq!(jobs.stop_grace, Duration::from_secs(30));
+        assert_eq!(jobs.advertise_address, None);
+        let config = AgentConfig::parse(
+            "[jobs]\nenabled = true\ndir = \"\"\nretain_exited = \"0s\"\nstop_grace = \"0s\"\n\
+             advertise_address = \"http://x\"\n",
+        )
+        .unwrap();
+        let problems = config.validate();
+        let fields: Vec<&str> = problems.0.iter().map(|p| p.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            ["jobs.dir", "jobs.retain_exited", "jobs.stop_grace", "jobs.advertise_address"],
+            "{problems}"
+        );
+        let err = AgentConfig::parse("[jobs]\nenable = true\n").unwrap_err();
+        assert!(err.contains("enable"), "{err}");
     }
 
     #[test]

@@ -9,6 +9,7 @@ use crate::checks::{self, Mode};
 use crate::commands::Commands;
 use crate::config::AgentConfig;
 use crate::node::NodeIdentity;
+use crate::ranks::RankSupervisor;
 use crate::report::{ReportError, Reporter};
 use crate::runner::{self, AgentState, CheckSlot};
 use crate::server;
@@ -29,20 +30,33 @@ pub enum AgentError {
 pub struct RunningAgent {
     pub state: Arc<AgentState>,
     pub local_addr: SocketAddr,
+    /// The ranks of jobs this agent runs (none without a repairer: commands come only from it).
+    pub ranks: Option<Arc<RankSupervisor>>,
+    stop_grace: std::time::Duration,
     tasks: tokio::task::JoinSet<Result<(), AgentError>>,
 }
 
 impl RunningAgent {
-    /// Waits until the process is asked to stop (SIGTERM, Ctrl-C) or serving fails. The check
-    /// loops, the reporter and the command executor never end on their own, so the first task to
-    /// end is the server.
+    /// Waits until the process is asked to stop (SIGTERM, Ctrl-C) or serving fails, then stops
+    /// (see [`RunningAgent::stop`]). The check loops, the reporter and the command executor never
+    /// end on their own, so the first task to end is the server.
     pub async fn wait(mut self) -> Result<(), AgentError> {
         let first = self.tasks.join_next().await;
-        self.tasks.abort_all();
+        self.stop().await;
         match first {
             Some(Ok(result)) => result,
             Some(Err(_)) | None => Ok(()),
         }
+    }
+
+    /// Stops the agent: its ranks get SIGTERM, then SIGKILL after `jobs.stop_grace` (a rank must
+    /// not outlive its supervisor unseen), then every task ends. The reporter runs until the
+    /// ranks are gone, so their exits still reach the repairer where it can be reached.
+    pub async fn stop(&mut self) {
+        if let Some(ranks) = &self.ranks {
+            ranks.stop_all(self.stop_grace).await;
+        }
+        self.tasks.abort_all();
     }
 }
 
@@ -71,10 +85,12 @@ pub async fn start(config: AgentConfig) -> Result<RunningAgent, AgentError> {
         listen = %local_addr,
         checks = slots.len(),
         repairer = config.report.repairer.as_deref().unwrap_or("none"),
+        jobs = config.jobs.enabled,
         "agent started"
     );
 
     let mut tasks = tokio::task::JoinSet::new();
+    let mut ranks = None;
     for slot in &slots {
         let (state, slot, paths) = (Arc::clone(&state), Arc::clone(slot), Arc::clone(&paths));
         tasks.spawn(async move {
@@ -85,8 +101,22 @@ pub async fn start(config: AgentConfig) -> Result<RunningAgent, AgentError> {
     if let Some(reporter) = reporter {
         // Commands arrive only in the repairer's replies, so without a repairer there is no
         // executor. It ends only when the reporter (holding `commands`) does.
-        let (commands, executor) =
-            Commands::new(config.commands.clone(), slots, Arc::clone(&paths), Arc::clone(&state));
+        let supervisor = RankSupervisor::new(config.jobs.clone());
+        // Ranks an earlier agent process left running (it was killed with SIGKILL or crashed)
+        // have no supervisor: they are stopped and reported. The real /proc, not the configured
+        // procfs: these are this agent's own children's children, in its own pid namespace.
+        let orphans = supervisor.stop_orphans(std::path::Path::new("/proc"));
+        if orphans > 0 {
+            tracing::warn!(orphans, "stopping ranks an earlier agent process left running");
+        }
+        ranks = Some(Arc::clone(&supervisor));
+        let (commands, executor) = Commands::with_ranks(
+            config.commands.clone(),
+            slots,
+            Arc::clone(&paths),
+            Arc::clone(&state),
+            Some(supervisor),
+        );
         tasks.spawn(async move {
             executor.run().await;
             Ok(())
@@ -105,7 +135,7 @@ pub async fn start(config: AgentConfig) -> Result<RunningAgent, AgentError> {
             .await
             .map_err(AgentError::Serve)
     });
-    Ok(RunningAgent { state, local_addr, tasks })
+    Ok(RunningAgent { state, local_addr, ranks, stop_grace: config.jobs.stop_grace, tasks })
 }
 
 /// Runs every check once (`--once`) and returns what they saw.

@@ -8,6 +8,7 @@ pub mod daemon;
 pub mod gpu;
 pub mod metrics;
 pub mod node;
+pub mod ranks;
 pub mod report;
 pub mod runner;
 pub mod server;

@@ -7,6 +7,9 @@
 //!
 //! Commands in the repairer's replies go to the agent's [`Commands`]; their results travel in every
 //! report until one carrying them is accepted, and a finished command is reported at once.
+//!
+//! Every report carries the ranks of jobs the agent runs (and those that ended recently) and the
+//! address other nodes reach this node at; a rank that ends is reported at once (`rank-exit`).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -120,11 +123,20 @@ impl Reporter {
         let mut seq = 0u64;
         let mut failures = 0u32;
         let mut trigger = ReportTrigger::Startup;
+        let mut exits = self.commands.as_ref().and_then(|c| c.ranks()).map(|r| r.exits());
         loop {
             seq += 1;
+            // Seen before the ranks are read: an exit after this point sends another report.
+            if let Some(exits) = &mut exits {
+                exits.borrow_and_update();
+            }
             let mut report = build_report(&state, seq, trigger);
             if let Some(commands) = &self.commands {
                 report.command_results = commands.outbox().pending();
+                if let Some(ranks) = commands.ranks() {
+                    report.ranks = ranks.statuses();
+                    report.address = Some(ranks.address().to_owned());
+                }
             }
             match self.send(&report).await {
                 Ok(reply) => {
@@ -146,10 +158,13 @@ impl Reporter {
                     _ = tokio::time::sleep(self.config.interval) => ReportTrigger::Interval,
                     _ = state.report_requested() => ReportTrigger::Event,
                     _ = self.results_waiting() => ReportTrigger::Command,
+                    _ = rank_exited(&mut exits) => ReportTrigger::RankExit,
                 }
             } else {
                 tokio::time::sleep(self.backoff(failures)).await;
-                if self.commands.as_ref().is_some_and(|c| !c.outbox().is_empty()) {
+                if exits.as_ref().is_some_and(|e| e.has_changed().unwrap_or(false)) {
+                    ReportTrigger::RankExit
+                } else if self.commands.as_ref().is_some_and(|c| !c.outbox().is_empty()) {
                     ReportTrigger::Command
                 } else {
                     ReportTrigger::Interval
@@ -184,6 +199,17 @@ impl Reporter {
             None => std::future::pending().await,
         }
     }
+}
+
+/// Returns once a rank ended since the last look; never without a rank supervisor.
+async fn rank_exited(exits: &mut Option<tokio::sync::watch::Receiver<u64>>) {
+    if let Some(exits) = exits
+        && exits.changed().await.is_ok()
+    {
+        return;
+    }
+    // No supervisor, or its sender is gone (it lives as long as the supervisor): never.
+    std::future::pending().await
 }
 
 /// A report of the agent's newest state.
