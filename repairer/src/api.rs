@@ -28,6 +28,8 @@ use crate::workflow::Workflow;
 /// Shared state of the handlers.
 pub struct ApiState {
     pub engine: Arc<Engine>,
+    /// The embedded job queue, when `scheduler = "embedded"`.
+    pub queue: Option<Arc<crate::queue::JobQueue>>,
     pub alerts: Option<Arc<Alerts>>,
     pub tokens: Tokens,
     pub inbound: InboundConfig,
@@ -153,6 +155,10 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/v1/breaker", get(breaker))
         .route("/v1/breaker/close", post(close_breaker))
         .route("/v1/subscriptions", get(subscriptions))
+        .route("/v1/jobs", get(list_jobs).post(submit_job))
+        .route("/v1/jobs/{id}", get(job_detail))
+        .route("/v1/jobs/{id}/cancel", post(cancel_job))
+        .route("/v1/jobs/{id}/progress", post(job_progress))
         .route("/v1/openapi.json", get(openapi))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -472,6 +478,114 @@ async fn subscriptions(
     authorize(&headers, None, &state.tokens.admin)?;
     let list = state.subscriptions.lock().map(|l| l.clone()).unwrap_or_default();
     Ok(axum::Json(list).into_response())
+}
+
+// --- the embedded job queue ----------------------------------------------------------------------
+
+impl From<crate::queue::QueueError> for ApiError {
+    fn from(err: crate::queue::QueueError) -> ApiError {
+        use crate::queue::QueueError;
+        let status = match &err {
+            QueueError::UnknownJob(_) => StatusCode::NOT_FOUND,
+            QueueError::InvalidSpec(_) | QueueError::BadProgress { .. } => StatusCode::BAD_REQUEST,
+            QueueError::Conflict { .. } => StatusCode::CONFLICT,
+            QueueError::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
+            QueueError::Store { .. } | QueueError::Load(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError(status, err.to_string())
+    }
+}
+
+fn queue(state: &ApiState) -> Result<&Arc<crate::queue::JobQueue>, ApiError> {
+    state.queue.as_ref().ok_or_else(|| {
+        ApiError(
+            StatusCode::NOT_FOUND,
+            "this repairer runs no job queue (set scheduler = \"embedded\")".to_owned(),
+        )
+    })
+}
+
+async fn list_jobs(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    authorize(&headers, None, &state.tokens.admin)?;
+    Ok(axum::Json(queue(&state)?.jobs()).into_response())
+}
+
+async fn submit_job(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    authorize(&headers, None, &state.tokens.admin)?;
+    let queue = queue(&state)?;
+    let body = read_body(body, state.max_body_bytes)?;
+    let spec: crate::queue::JobSpec = serde_json::from_slice(&body)
+        .map_err(|err| bad_request(format!("malformed job: {err}")))?;
+    let job = queue.submit(spec, &person(&headers))?;
+    Ok((StatusCode::CREATED, axum::Json(job)).into_response())
+}
+
+async fn job_detail(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    authorize(&headers, None, &state.tokens.admin)?;
+    let job = queue(&state)?
+        .job(&id)
+        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no job {id}")))?;
+    Ok(axum::Json(job).into_response())
+}
+
+async fn cancel_job(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    authorize(&headers, None, &state.tokens.admin)?;
+    Ok(axum::Json(queue(&state)?.cancel(&id, &person(&headers))?).into_response())
+}
+
+/// A rank's progress: authenticated by its job's own token (from `FLEETMEND_PROGRESS_TOKEN`).
+async fn job_progress(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let queue = queue(&state)?;
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if token.is_none() {
+        return Err(ApiError(StatusCode::UNAUTHORIZED, "a bearer token is required".to_owned()));
+    }
+    let body = read_body(body, state.max_body_bytes)?;
+    let progress: fleetmend_proto::Progress = match serde_json::from_slice(&body) {
+        Ok(progress) => progress,
+        // The token is checked before the body is judged: a stranger learns nothing.
+        Err(err) => {
+            let empty = fleetmend_proto::Progress {
+                job: id.clone(),
+                attempt: u32::MAX,
+                rank: u32::MAX,
+                step: 0,
+                start_step: 0,
+                loss: 0.0,
+                samples_per_second: 0.0,
+                checkpoint_step: None,
+                checkpoint_write_seconds: None,
+                checkpoint_stall_seconds: None,
+                at_ms: 0,
+            };
+            queue.progress(&id, token, &empty)?;
+            return Err(bad_request(format!("malformed progress: {err}")));
+        }
+    };
+    Ok(axum::Json(queue.progress(&id, token, &progress)?).into_response())
 }
 
 async fn openapi() -> Response {

@@ -33,8 +33,10 @@ pub struct RepairerConfig {
     /// Largest request body accepted, in bytes.
     pub max_body_bytes: usize,
     /// Which scheduler the repairer drives: `memory` keeps drain state in the repairer only (no
-    /// scheduler integrated yet, tests); the embedded queue and Slurm arrive as their own kinds.
+    /// scheduler integrated yet, tests); `embedded` runs the bundled job queue (`[queue]`).
     pub scheduler: SchedulerKind,
+    /// The embedded job queue (used when `scheduler = "embedded"`).
+    pub queue: crate::queue::QueueConfig,
     pub policy: Policy,
     pub engine: EngineConfig,
     pub provider: ProviderConfig,
@@ -49,6 +51,8 @@ pub struct RepairerConfig {
 pub enum SchedulerKind {
     #[default]
     Memory,
+    /// The bundled job queue, inside the repairer.
+    Embedded,
 }
 
 /// Traces (`[telemetry]`).
@@ -88,6 +92,7 @@ impl Default for RepairerConfig {
             alerts_token: None,
             max_body_bytes: 1 << 20,
             scheduler: SchedulerKind::Memory,
+            queue: crate::queue::QueueConfig::default(),
             policy: Policy::default(),
             engine: EngineConfig::default(),
             provider: ProviderConfig::default(),
@@ -107,6 +112,15 @@ pub enum RepairerConfigError {
     Parse { path: PathBuf, message: String },
     #[error("config {path} has {} problem(s):\n{}", problems.len(), problems.iter().map(|(f, m)| format!("  {f}: {m}")).collect::<Vec<_>>().join("\n"))]
     Invalid { path: PathBuf, problems: Vec<(String, String)> },
+}
+
+fn push_queue_url(problems: &mut Vec<(String, String)>) {
+    problems.push((
+        "queue.progress_base_url".to_owned(),
+        "must be set when listen is an unspecified address: ranks post their progress there and \
+         cannot connect to 0.0.0.0"
+            .to_owned(),
+    ));
 }
 
 /// The secrets, read from the config or their files.
@@ -171,6 +185,13 @@ impl RepairerConfig {
         if self.engine.tick.is_zero() {
             push("engine.tick", "must be greater than zero");
         }
+        problems.extend(self.queue.problems("queue"));
+        if self.scheduler == SchedulerKind::Embedded
+            && self.listen.ip().is_unspecified()
+            && self.queue.progress_base_url.is_none()
+        {
+            push_queue_url(&mut problems);
+        }
         problems.extend(self.policy.problems("policy"));
         problems.extend(
             self.provider
@@ -233,6 +254,22 @@ mod tests {
         assert!(config.problems().is_empty(), "{:?}", config.problems());
         let config = RepairerConfig::parse("agent_token = \"a\"\nadmin_token = \"b\"").unwrap();
         assert!(config.problems().is_empty());
+    }
+
+    #[test]
+    fn the_embedded_queue_needs_a_progress_url_on_an_unspecified_address() {
+        let config = RepairerConfig::parse(
+            "agent_token = \"a\"\nadmin_token = \"b\"\nscheduler = \"embedded\"",
+        )
+        .unwrap();
+        let fields: Vec<String> = config.problems().into_iter().map(|p| p.0).collect();
+        assert_eq!(fields, ["queue.progress_base_url"]);
+        let config = RepairerConfig::parse(
+            "listen = \"127.0.0.1:9830\"\nscheduler = \"embedded\"\n[queue]\nstart_timeout = \"0s\"",
+        )
+        .unwrap();
+        let fields: Vec<String> = config.problems().into_iter().map(|p| p.0).collect();
+        assert_eq!(fields, ["queue.start_timeout"]);
     }
 
     #[test]

@@ -187,6 +187,8 @@ pub struct Engine {
     started_ms: u64,
     /// Traces of the workflows, when `[telemetry]` exports them (set before `start`).
     tracer: std::sync::OnceLock<Arc<crate::telemetry::WorkflowTracer>>,
+    /// The embedded job queue (`scheduler = "embedded"`): sees every report's ranks.
+    queue: std::sync::OnceLock<Arc<crate::queue::JobQueue>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -233,12 +235,23 @@ impl Engine {
             counters: EngineCounters::default(),
             started_ms: now_ms(),
             tracer: std::sync::OnceLock::new(),
+            queue: std::sync::OnceLock::new(),
         }))
     }
 
     /// Traces every workflow started or resumed from now on through `tracer` (the first one set).
     pub fn set_tracer(&self, tracer: Arc<crate::telemetry::WorkflowTracer>) {
         let _ = self.tracer.set(tracer);
+    }
+
+    /// Hands every report's ranks to `queue` from now on (the first one set).
+    pub fn set_queue(&self, queue: Arc<crate::queue::JobQueue>) {
+        let _ = self.queue.set(queue);
+    }
+
+    /// The embedded job queue, when the repairer runs one.
+    pub fn queue(&self) -> Option<&Arc<crate::queue::JobQueue>> {
+        self.queue.get()
     }
 
     pub(crate) fn tracer(&self) -> Option<&crate::telemetry::WorkflowTracer> {
@@ -389,6 +402,10 @@ impl Engine {
         }
         if rebooted || !report.command_results.is_empty() {
             self.progress.notify_waiters();
+        }
+        // The queue's commands for this node (run-rank, signal-rank) ride in this reply.
+        if let Some(queue) = self.queue.get() {
+            queue.observe_report(report, now);
         }
         self.counters.reports_ok.fetch_add(1, Ordering::Relaxed);
         Ok(ReportReply { commands: self.commands.take(&report.node) })

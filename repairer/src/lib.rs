@@ -13,6 +13,7 @@ pub mod model;
 pub mod openapi;
 pub mod policy;
 pub mod provider;
+pub mod queue;
 pub mod scheduler;
 pub mod service;
 pub mod store;

@@ -20,6 +20,13 @@ pub const TIME_TO_DRAIN: &str = "fleetmend_time_to_drain_seconds";
 pub const TIME_TO_REPAIR: &str = "fleetmend_time_to_repair_seconds";
 pub const ALERTS_SENT: &str = "fleetmend_alerts_sent_total";
 pub const REPORTS_RECEIVED: &str = "fleetmend_reports_received_total";
+/// Jobs of the embedded queue by state.
+pub const JOBS: &str = "fleetmend_jobs";
+pub const JOB_RESTARTS: &str = "fleetmend_job_restarts_total";
+pub const JOB_GOODPUT_RATIO: &str = "fleetmend_job_goodput_ratio";
+pub const JOB_STEPS_LOST: &str = "fleetmend_job_steps_lost_total";
+pub const JOB_RESUME_SECONDS: &str = "fleetmend_job_resume_seconds";
+pub const JOB_STEP: &str = "fleetmend_job_step";
 
 /// A fixed-bucket histogram (cumulative counts are computed when encoding).
 #[derive(Debug, Clone, PartialEq)]
@@ -35,6 +42,10 @@ pub const DRAIN_BUCKETS: &[f64] = &[0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 6
 /// Seconds from a fault to the node back at work: minutes to hours.
 pub const REPAIR_BUCKETS: &[f64] =
     &[10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0];
+
+/// Seconds from a job's failure to its first step after the restart: seconds to an hour.
+pub const RESUME_BUCKETS: &[f64] =
+    &[1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0];
 
 impl Histogram {
     pub fn new(bounds: &'static [f64]) -> Histogram {
@@ -183,12 +194,56 @@ pub fn encode(engine: &Engine, alerts: Option<&Alerts>, reports: &BTreeMap<&str,
     }
     families.extend([sent, received]);
 
+    if let Some(queue) = engine.queue() {
+        families.extend(queue_families(&queue.metrics()));
+    }
+
     families.retain(|f| !f.get_metric().is_empty());
     let mut out = String::new();
     if let Err(err) = prometheus::TextEncoder::new().encode_utf8(&families, &mut out) {
         tracing::error!(error = %err, "encoding metrics failed");
     }
     out
+}
+
+/// The embedded queue's metrics. The `job` label is bounded: every unfinished job and the most
+/// recently finished ones (see `queue::metrics`).
+fn queue_families(queue: &crate::queue::QueueMetrics) -> Vec<MetricFamily> {
+    let mut jobs = family(JOBS, "Jobs of the embedded queue by state.", MetricType::GAUGE);
+    for (state, count) in &queue.by_state {
+        push_gauge(&mut jobs, &[("state", state.as_str())], *count as f64);
+    }
+    let mut restarts =
+        family(JOB_RESTARTS, "Restarts of a job (failures and drains).", MetricType::COUNTER);
+    let mut goodput = family(
+        JOB_GOODPUT_RATIO,
+        "Productive time (stepping past steps done before) over wall time since submission.",
+        MetricType::GAUGE,
+    );
+    let mut lost = family(
+        JOB_STEPS_LOST,
+        "Steps done again after restarts (last step before minus the step resumed from).",
+        MetricType::COUNTER,
+    );
+    let mut step = family(JOB_STEP, "The newest step a job reported.", MetricType::GAUGE);
+    for job in &queue.jobs {
+        let labels = [("job", job.id.as_str())];
+        push_counter(&mut restarts, &labels, f64::from(job.restarts));
+        push_gauge(&mut goodput, &labels, job.goodput_ratio);
+        push_counter(&mut lost, &labels, job.steps_lost as f64);
+        if let Some(s) = job.step {
+            push_gauge(&mut step, &labels, s as f64);
+        }
+    }
+    let mut resume = family(
+        JOB_RESUME_SECONDS,
+        "Seconds from a job's failure to its first step after the restart.",
+        MetricType::HISTOGRAM,
+    );
+    let mut metric = Metric::default();
+    metric.set_histogram(queue.resume_seconds.proto());
+    resume.mut_metric().push(metric);
+    vec![jobs, restarts, goodput, lost, step, resume]
 }
 
 #[cfg(test)]

@@ -254,6 +254,25 @@ pub enum EventKind {
     Finding,
     /// An inbound alert endpoint asked for confirmation (SNS SubscriptionConfirmation).
     Subscription,
+    /// A job was submitted to the embedded queue.
+    JobSubmitted,
+    /// An attempt of a job was started on its nodes.
+    JobStarted,
+    /// A rank of a job failed (exited non-zero, by a signal, did not start, or its node was lost
+    /// or drained).
+    JobRankFailed,
+    /// A job's ranks were asked to checkpoint (SIGUSR1).
+    JobCheckpointRequested,
+    /// A job's ranks were sent SIGTERM or SIGKILL, or given up on.
+    JobStopping,
+    /// A job was requeued at the front of its priority to restart.
+    JobRequeued,
+    /// Every rank of a job exited 0.
+    JobCompleted,
+    /// A job ran out of restarts.
+    JobFailed,
+    /// A person cancelled a job.
+    JobCancelled,
 }
 
 impl EventKind {
@@ -269,6 +288,15 @@ impl EventKind {
             EventKind::Breaker => "breaker",
             EventKind::Finding => "finding",
             EventKind::Subscription => "subscription",
+            EventKind::JobSubmitted => "job-submitted",
+            EventKind::JobStarted => "job-started",
+            EventKind::JobRankFailed => "job-rank-failed",
+            EventKind::JobCheckpointRequested => "job-checkpoint-requested",
+            EventKind::JobStopping => "job-stopping",
+            EventKind::JobRequeued => "job-requeued",
+            EventKind::JobCompleted => "job-completed",
+            EventKind::JobFailed => "job-failed",
+            EventKind::JobCancelled => "job-cancelled",
         }
     }
 }

@@ -27,6 +27,23 @@ pub const SPEC: &str = r##"{
         "reason": { "type": "string" }, "findings": { "type": "array", "items": { "type": "object" } } } },
       "Breaker": { "type": "object", "properties": { "open": { "type": "boolean" }, "opened_ms": { "type": "integer", "nullable": true }, "reason": { "type": "string" } } },
       "Report": { "type": "object", "description": "fleetmend_proto::Report", "required": ["wire_version", "node", "boot_id", "agent_version", "seq", "sent_at_ms", "trigger", "verdict", "checks", "findings"] },
+      "JobSpec": { "type": "object", "description": "A job to run: one rank per node", "required": ["argv", "nodes", "checkpoint_dir"], "properties": {
+        "name": { "type": "string" }, "argv": { "type": "array", "items": { "type": "string" }, "minItems": 1 },
+        "nodes": { "type": "integer", "minimum": 1 }, "priority": { "type": "integer", "description": "higher runs first; FIFO within a priority" },
+        "checkpoint_dir": { "type": "string", "description": "absolute" }, "max_restarts": { "type": "integer", "minimum": 0 },
+        "checkpoint_every": { "description": "steps, or \"auto\" (Young/Daly)", "oneOf": [{ "type": "integer", "minimum": 1 }, { "type": "string", "enum": ["auto"] }] },
+        "env": { "type": "object", "additionalProperties": { "type": "string" } } } },
+      "Job": { "type": "object", "description": "A job with its attempts, ranks, stop sequence and goodput", "properties": {
+        "id": { "type": "string" }, "name": { "type": "string" }, "spec": { "$ref": "#/components/schemas/JobSpec" },
+        "state": { "type": "string", "enum": ["queued", "starting", "running", "stopping", "completed", "failed", "cancelled"] },
+        "reason": { "type": "string" }, "attempt": { "type": "integer" }, "restarts": { "type": "integer" },
+        "nodes": { "type": "array", "items": { "type": "string" } }, "master_addr": { "type": "string", "nullable": true }, "master_port": { "type": "integer", "nullable": true },
+        "ranks": { "type": "array", "items": { "type": "object" } }, "stop": { "type": "object", "nullable": true },
+        "history": { "type": "array", "items": { "type": "object" } }, "goodput": { "type": "object" }, "measured": { "type": "object" },
+        "checkpoint_interval": { "type": "integer", "nullable": true }, "step": { "type": "integer", "nullable": true },
+        "loss": { "type": "number", "nullable": true }, "goodput_ratio": { "type": "number" } } },
+      "Progress": { "type": "object", "description": "fleetmend_proto::Progress", "required": ["job", "attempt", "rank", "step", "loss", "samples_per_second", "at_ms"] },
+      "ProgressReply": { "type": "object", "properties": { "checkpoint_every": { "type": "integer", "nullable": true } } },
       "ReportReply": { "type": "object", "properties": { "commands": { "type": "array", "items": { "type": "object", "properties": { "id": { "type": "string" }, "kind": { "type": "string" } } } } } }
     }
   },
@@ -63,6 +80,19 @@ pub const SPEC: &str = r##"{
     "/v1/breaker": { "get": { "summary": "The breaker", "responses": { "200": { "description": "state", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Breaker" } } } } } } },
     "/v1/breaker/close": { "post": { "summary": "Close the breaker (a person)", "responses": { "200": { "description": "state", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Breaker" } } } } } } },
     "/v1/subscriptions": { "get": { "summary": "SNS subscription confirmations waiting for an operator", "responses": { "200": { "description": "list" } } } },
+    "/v1/jobs": {
+      "get": { "summary": "Every job of the embedded queue, oldest first", "responses": { "200": { "description": "jobs", "content": { "application/json": { "schema": { "type": "array", "items": { "$ref": "#/components/schemas/Job" } } } } }, "404": { "description": "no embedded queue" } } },
+      "post": { "summary": "Submit a job", "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/JobSpec" } } } },
+        "responses": { "201": { "description": "queued", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Job" } } } }, "400": { "description": "invalid: the message names the field", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } } }, "404": { "description": "no embedded queue" } } } },
+    "/v1/jobs/{id}": { "get": { "summary": "One job", "parameters": [{ "name": "id", "in": "path", "required": true, "schema": { "type": "string" } }],
+      "responses": { "200": { "description": "the job", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Job" } } } }, "404": { "description": "no such job" } } } },
+    "/v1/jobs/{id}/cancel": { "post": { "summary": "Cancel a job: SIGTERM then SIGKILL to its ranks", "parameters": [{ "name": "id", "in": "path", "required": true, "schema": { "type": "string" } }],
+      "responses": { "200": { "description": "the job" }, "404": { "description": "no such job" }, "409": { "description": "finished already" } } } },
+    "/v1/jobs/{id}/progress": { "post": { "summary": "A rank's progress; the reply carries the checkpoint interval (checkpoint_every auto)", "security": [{ "bearer": [] }],
+      "description": "Bearer token: the job's own (FLEETMEND_PROGRESS_TOKEN), not the admin token.",
+      "parameters": [{ "name": "id", "in": "path", "required": true, "schema": { "type": "string" } }],
+      "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Progress" } } } },
+      "responses": { "200": { "description": "taken", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/ProgressReply" } } } }, "400": { "description": "malformed" }, "401": { "description": "missing or wrong job token" }, "404": { "description": "no such job" } } } },
     "/v1/openapi.json": { "get": { "summary": "This document", "security": [], "responses": { "200": { "description": "OpenAPI 3.0" } } } },
     "/metrics": { "get": { "summary": "Prometheus metrics", "security": [], "responses": { "200": { "description": "text format 0.0.4" } } } },
     "/healthz": { "get": { "summary": "Liveness", "security": [], "responses": { "200": { "description": "ok" } } } }

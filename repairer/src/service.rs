@@ -10,6 +10,7 @@ use crate::config::{RepairerConfig, SchedulerKind};
 use crate::engine::{Engine, EngineError};
 use crate::provider::Provider;
 use crate::provider::config::{ProviderDeps, build as build_provider};
+use crate::queue::JobQueue;
 use crate::scheduler::{FakeScheduler, Scheduler};
 use crate::store::Store;
 use crate::telemetry::WorkflowTracer;
@@ -33,6 +34,8 @@ pub enum ServiceError {
     Serve(std::io::Error),
     #[error("setting up traces: {0}")]
     Telemetry(#[from] crate::telemetry::TelemetryError),
+    #[error(transparent)]
+    Queue(#[from] crate::queue::QueueError),
 }
 
 /// A started repairer.
@@ -42,6 +45,8 @@ pub struct Repairer {
     pub local_addr: SocketAddr,
     /// Exports the workflows' traces (when `[telemetry] otlp_endpoint` is set).
     pub tracer: Option<Arc<WorkflowTracer>>,
+    /// The embedded job queue (`scheduler = "embedded"` and no scheduler given).
+    pub queue: Option<Arc<JobQueue>>,
     server: tokio::task::JoinHandle<Result<(), ServiceError>>,
 }
 
@@ -101,10 +106,22 @@ pub async fn start_with(
     }
     let store = Arc::new(Store::open(&config.store)?);
     let commands = Arc::new(CommandQueue::new());
-    let scheduler: Arc<dyn Scheduler> = match (scheduler, config.scheduler) {
-        (Some(scheduler), _) => scheduler,
-        (None, SchedulerKind::Memory) => Arc::new(FakeScheduler::new()),
-    };
+    let unreachable_window =
+        config.engine.report_interval.saturating_mul(config.engine.unreachable_after);
+    let (scheduler, queue): (Arc<dyn Scheduler>, Option<Arc<JobQueue>>) =
+        match (scheduler, config.scheduler) {
+            (Some(scheduler), _) => (scheduler, None),
+            (None, SchedulerKind::Memory) => (Arc::new(FakeScheduler::new()), None),
+            (None, SchedulerKind::Embedded) => {
+                let queue = JobQueue::load(
+                    config.queue.clone(),
+                    store.clone(),
+                    commands.clone(),
+                    unreachable_window,
+                )?;
+                (queue.clone(), Some(queue))
+            }
+        };
     let provider = match provider {
         Some(provider) => provider,
         None => build_provider(&config.provider, &ProviderDeps { commands: commands.clone() })?,
@@ -117,6 +134,10 @@ pub async fn start_with(
         provider,
         commands,
     )?;
+    if let Some(queue) = &queue {
+        engine.set_queue(queue.clone());
+        queue.attach(&engine);
+    }
     let tracer = WorkflowTracer::from_config(&config.telemetry)?.map(Arc::new);
     if let Some(tracer) = &tracer {
         engine.set_tracer(tracer.clone());
@@ -142,8 +163,16 @@ pub async fn start_with(
     let local_addr = listener
         .local_addr()
         .map_err(|source| ServiceError::Listen { addr: config.listen, source })?;
+    if let Some(queue) = &queue {
+        let base = match &config.queue.progress_base_url {
+            Some(url) => url.clone(),
+            None => format!("http://{local_addr}"),
+        };
+        queue.start(&base);
+    }
     let state = Arc::new(ApiState {
         engine: engine.clone(),
+        queue: queue.clone(),
         alerts,
         tokens,
         inbound: config.inbound.clone(),
@@ -159,5 +188,5 @@ pub async fn start_with(
             .map_err(ServiceError::Serve)
     });
     tracing::info!(listen = %local_addr, mode = config.policy.mode.as_str(), store = %config.store.display(), "repairer started");
-    Ok(Repairer { engine, scheduler, local_addr, tracer, server })
+    Ok(Repairer { engine, scheduler, local_addr, tracer, queue, server })
 }

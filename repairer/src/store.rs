@@ -44,6 +44,14 @@ const MIGRATIONS: &[&str] = &[
         key TEXT PRIMARY KEY,
         body TEXT NOT NULL
      );",
+    // 2: the embedded job queue's jobs (one JSON document per job; `seq` is submission order).
+    "CREATE TABLE jobs (
+        id TEXT PRIMARY KEY,
+        seq INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        body TEXT NOT NULL
+     );
+     CREATE INDEX jobs_state ON jobs (state, seq);",
 ];
 
 /// A store operation failed.
@@ -287,6 +295,30 @@ impl Store {
         Ok(())
     }
 
+    /// Saves a job document (the embedded queue's) under `id`.
+    pub fn put_job<T: Serialize>(
+        &self,
+        id: &str,
+        seq: u64,
+        state: &str,
+        job: &T,
+    ) -> Result<(), StoreError> {
+        let body = serde_json::to_string(job).map_err(json("save job"))?;
+        self.conn()
+            .execute(
+                "INSERT INTO jobs (id, seq, state, body) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (id) DO UPDATE SET state = excluded.state, body = excluded.body",
+                params![id, seq as i64, state, body],
+            )
+            .map_err(sql("save job"))?;
+        Ok(())
+    }
+
+    /// Every job document, in submission order.
+    pub fn jobs<T: DeserializeOwned>(&self) -> Result<Vec<T>, StoreError> {
+        self.documents("SELECT body FROM jobs ORDER BY seq", "read jobs")
+    }
+
     /// Runs `f` on the connection inside one transaction (for modules with their own tables,
     /// such as the alert outbox).
     pub fn transaction<T>(
@@ -357,6 +389,20 @@ mod tests {
         conn.pragma_update(None, "user_version", 999).unwrap();
         drop(conn);
         assert!(matches!(Store::open(&path), Err(StoreError::TooNew { found: 999, .. })));
+    }
+
+    #[test]
+    fn jobs_are_saved_in_submission_order() {
+        let store = Store::in_memory().unwrap();
+        store.put_job("j-2", 2, "queued", &serde_json::json!({"id": "j-2"})).unwrap();
+        store.put_job("j-1", 1, "running", &serde_json::json!({"id": "j-1"})).unwrap();
+        store
+            .put_job("j-1", 1, "completed", &serde_json::json!({"id": "j-1", "done": true}))
+            .unwrap();
+        let jobs: Vec<serde_json::Value> = store.jobs().unwrap();
+        assert_eq!(jobs.len(), 2);
+        assert_eq!(jobs[0]["id"], "j-1");
+        assert_eq!(jobs[0]["done"], true);
     }
 
     #[test]

@@ -1,0 +1,111 @@
+//! `[queue]`: the embedded job queue's settings (used when `scheduler = "embedded"`).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Settings of the embedded job queue.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueConfig {
+    /// How often the queue places waiting jobs and moves timed steps on (start timeouts, the
+    /// checkpoint and stop grace periods).
+    #[serde(with = "humantime_serde")]
+    pub tick: Duration,
+    /// A rank that its node does not report as started within this time failed to start.
+    #[serde(with = "humantime_serde")]
+    pub start_timeout: Duration,
+    /// When a job is stopped (a rank failed, a node drained): how long its ranks have after
+    /// SIGUSR1 to report a newer checkpoint before SIGTERM.
+    #[serde(with = "humantime_serde")]
+    pub checkpoint_grace: Duration,
+    /// How long ranks have to exit after SIGTERM before SIGKILL, and after SIGKILL before the
+    /// queue gives up on them (a node that stopped answering never reports their exit).
+    #[serde(with = "humantime_serde")]
+    pub stop_grace: Duration,
+    /// Lowest `MASTER_PORT` handed to a job's rank 0.
+    pub master_port_min: u16,
+    /// Highest `MASTER_PORT` handed to a job's rank 0.
+    pub master_port_max: u16,
+    /// Base URL ranks post their progress to (`<base>/v1/jobs/<id>/progress`). Default:
+    /// `http://<listen address>`; required when the repairer listens on an unspecified address
+    /// (0.0.0.0), which ranks cannot connect to.
+    pub progress_base_url: Option<String>,
+    /// The mean time between failures assumed for `--checkpoint-every auto` until failures of
+    /// jobs of the same size have been observed.
+    #[serde(with = "humantime_serde")]
+    pub mtbf_prior: Duration,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            tick: Duration::from_secs(1),
+            start_timeout: Duration::from_secs(120),
+            checkpoint_grace: Duration::from_secs(30),
+            stop_grace: Duration::from_secs(30),
+            master_port_min: 29500,
+            master_port_max: 29999,
+            progress_base_url: None,
+            mtbf_prior: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+impl QueueConfig {
+    /// Every problem, naming its field under `section`.
+    pub fn problems(&self, section: &str) -> Vec<(String, String)> {
+        let mut problems = Vec::new();
+        let mut push = |field: &str, message: String| {
+            problems.push((format!("{section}.{field}"), message));
+        };
+        for (field, value) in [
+            ("tick", self.tick),
+            ("start_timeout", self.start_timeout),
+            ("stop_grace", self.stop_grace),
+            ("mtbf_prior", self.mtbf_prior),
+        ] {
+            if value.is_zero() {
+                push(field, "must be greater than zero".to_owned());
+            }
+        }
+        if self.master_port_min == 0 {
+            push("master_port_min", "must be at least 1".to_owned());
+        }
+        if self.master_port_max < self.master_port_min {
+            push(
+                "master_port_max",
+                format!("must be at least master_port_min ({})", self.master_port_min),
+            );
+        }
+        if let Some(url) = &self.progress_base_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            push("progress_base_url", format!("{url:?} is not an http(s) URL"));
+        }
+        problems
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_bad_fields_are_named() {
+        assert_eq!(QueueConfig::default().problems("queue"), Vec::new());
+        let bad = QueueConfig {
+            tick: Duration::ZERO,
+            master_port_min: 30000,
+            master_port_max: 29000,
+            progress_base_url: Some("repairer:9830".into()),
+            ..QueueConfig::default()
+        };
+        let fields: Vec<String> = bad.problems("queue").into_iter().map(|(f, _)| f).collect();
+        assert_eq!(
+            fields,
+            ["queue.tick", "queue.master_port_max", "queue.progress_base_url"],
+            "{fields:?}"
+        );
+    }
+}

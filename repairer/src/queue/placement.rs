@@ -1,0 +1,251 @@
+//! Placement: which waiting jobs start now, on which nodes, with which rendezvous port. A pure
+//! function of the waiting jobs and the nodes, covered by table tests.
+//!
+//! Strict priority, then FIFO: the job at the head of the queue waits until N eligible nodes are
+//! free (gang allocation, one rank per node) and nothing behind it starts meanwhile — no
+//! backfill, so a large job is never starved by a stream of small ones.
+
+use std::collections::BTreeSet;
+use std::ops::RangeInclusive;
+
+use crate::model::NodeState;
+
+/// A job waiting for nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting<'a> {
+    pub id: &'a str,
+    pub nodes: u32,
+    pub priority: i32,
+    /// Requeued after a restart: goes to the front of its priority.
+    pub requeued: bool,
+    pub seq: u64,
+    /// The port of its previous attempt (not handed out again at once: the old rank 0 may still
+    /// hold it on a node that stopped answering).
+    pub previous_port: Option<u16>,
+}
+
+/// A node as placement sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate<'a> {
+    pub name: &'a str,
+    pub state: NodeState,
+    /// When the repairer last received its report.
+    pub last_report_ms: u64,
+    /// The host other nodes reach it at (from its reports).
+    pub address: Option<&'a str>,
+    /// Drained in the queue (by fleetmend or an admin).
+    pub drained: bool,
+    /// Runs (or is about to run) a rank of a job.
+    pub busy: bool,
+}
+
+impl Candidate<'_> {
+    /// May take a rank now.
+    pub fn eligible(&self, now: u64, unreachable_window_ms: u64) -> bool {
+        self.state == NodeState::Healthy
+            && !self.drained
+            && !self.busy
+            && now.saturating_sub(self.last_report_ms) <= unreachable_window_ms
+    }
+}
+
+/// One job to start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub job: String,
+    /// Rank i on `nodes[i]`.
+    pub nodes: Vec<String>,
+    pub master_addr: String,
+    pub master_port: u16,
+}
+
+/// The job at the head of the queue that cannot start yet, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blocked {
+    pub job: String,
+    pub why: String,
+}
+
+/// The order jobs are considered in: priority (higher first), requeued before new, then FIFO.
+pub fn queue_order(jobs: &mut [Waiting<'_>]) {
+    jobs.sort_by(|a, b| {
+        b.priority.cmp(&a.priority).then(b.requeued.cmp(&a.requeued)).then(a.seq.cmp(&b.seq))
+    });
+}
+
+/// The jobs that start now, from the head of the queue, until one does not fit.
+pub fn place(
+    jobs: &[Waiting<'_>],
+    nodes: &[Candidate<'_>],
+    ports_in_use: &BTreeSet<u16>,
+    ports: RangeInclusive<u16>,
+    now: u64,
+    unreachable_window_ms: u64,
+) -> (Vec<Placement>, Option<Blocked>) {
+    let mut order: Vec<Waiting<'_>> = jobs.to_vec();
+    queue_order(&mut order);
+    let mut free: Vec<&Candidate<'_>> =
+        nodes.iter().filter(|n| n.eligible(now, unreachable_window_ms)).collect();
+    free.sort_by(|a, b| a.name.cmp(b.name));
+    let mut used_ports = ports_in_use.clone();
+    let mut placements = Vec::new();
+    for job in order {
+        let wanted = job.nodes as usize;
+        if wanted > free.len() {
+            let why = format!("waits for {wanted} eligible node(s): {} free", free.len());
+            return (placements, Some(Blocked { job: job.id.to_owned(), why }));
+        }
+        let Some(port) =
+            ports.clone().find(|p| !used_ports.contains(p) && Some(*p) != job.previous_port)
+        else {
+            let why = "waits for a free MASTER_PORT".to_owned();
+            return (placements, Some(Blocked { job: job.id.to_owned(), why }));
+        };
+        let chosen: Vec<&Candidate<'_>> = free.drain(..wanted).collect();
+        used_ports.insert(port);
+        placements.push(Placement {
+            job: job.id.to_owned(),
+            master_addr: chosen[0].address.unwrap_or(chosen[0].name).to_owned(),
+            nodes: chosen.iter().map(|n| n.name.to_owned()).collect(),
+            master_port: port,
+        });
+    }
+    (placements, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: u64 = 100_000;
+    const WINDOW: u64 = 30_000;
+
+    fn node(name: &str) -> Candidate<'_> {
+        Candidate {
+            name,
+            state: NodeState::Healthy,
+            last_report_ms: NOW,
+            address: None,
+            drained: false,
+            busy: false,
+        }
+    }
+
+    fn job(id: &str, nodes: u32, priority: i32, seq: u64) -> Waiting<'_> {
+        Waiting { id, nodes, priority, requeued: false, seq, previous_port: None }
+    }
+
+    fn run(jobs: &[Waiting<'_>], nodes: &[Candidate<'_>]) -> Vec<(String, Vec<String>, u16)> {
+        place(jobs, nodes, &BTreeSet::from([29500]), 29500..=29503, NOW, WINDOW)
+            .0
+            .into_iter()
+            .map(|p| (p.job, p.nodes, p.master_port))
+            .collect()
+    }
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn placement_table() {
+        let four = [node("n1"), node("n2"), node("n3"), node("n4")];
+        let mut sick = four.clone();
+        sick[0].state = NodeState::Suspect;
+        sick[1].drained = true;
+        let mut silent = four.clone();
+        silent[2].last_report_ms = NOW - WINDOW - 1;
+        let mut busy = four.clone();
+        busy[3].busy = true;
+        let cases: Vec<(
+            &str,
+            Vec<Waiting<'_>>,
+            Vec<Candidate<'_>>,
+            Vec<(String, Vec<String>, u16)>,
+        )> = vec![
+            (
+                "higher priority first, FIFO after, ports skip the one in use",
+                vec![job("low", 2, 0, 1), job("high", 2, 5, 2)],
+                four.to_vec(),
+                vec![
+                    ("high".into(), names(&["n1", "n2"]), 29501),
+                    ("low".into(), names(&["n3", "n4"]), 29502),
+                ],
+            ),
+            (
+                "FIFO within a priority",
+                vec![job("b", 1, 0, 2), job("a", 1, 0, 1)],
+                four.to_vec(),
+                vec![("a".into(), names(&["n1"]), 29501), ("b".into(), names(&["n2"]), 29502)],
+            ),
+            (
+                "no backfill past a head that does not fit",
+                vec![job("big", 4, 9, 1), job("small", 1, 0, 2)],
+                busy.to_vec(),
+                vec![],
+            ),
+            (
+                "the head waits for unhealthy, drained and silent nodes' replacements",
+                vec![job("a", 3, 0, 1)],
+                sick.to_vec(),
+                vec![],
+            ),
+            (
+                "a silent node is not eligible",
+                vec![job("a", 3, 0, 1), job("b", 1, 0, 2)],
+                silent.to_vec(),
+                vec![("a".into(), names(&["n1", "n2", "n4"]), 29501)],
+            ),
+            (
+                "requeued goes to the front of its priority, not past a higher one",
+                vec![
+                    job("new", 1, 1, 1),
+                    Waiting { requeued: true, ..job("again", 1, 1, 7) },
+                    job("top", 1, 2, 9),
+                ],
+                four.to_vec(),
+                vec![
+                    ("top".into(), names(&["n1"]), 29501),
+                    ("again".into(), names(&["n2"]), 29502),
+                    ("new".into(), names(&["n3"]), 29503),
+                ],
+            ),
+            (
+                "out of ports: the rest waits",
+                vec![job("a", 1, 0, 1), job("b", 1, 0, 2), job("c", 1, 0, 3), job("d", 1, 0, 4)],
+                four.to_vec(),
+                vec![
+                    ("a".into(), names(&["n1"]), 29501),
+                    ("b".into(), names(&["n2"]), 29502),
+                    ("c".into(), names(&["n3"]), 29503),
+                ],
+            ),
+            (
+                "a requeued job does not get its previous port back at once",
+                vec![Waiting { previous_port: Some(29501), requeued: true, ..job("a", 1, 0, 1) }],
+                four.to_vec(),
+                vec![("a".into(), names(&["n1"]), 29502)],
+            ),
+        ];
+        for (name, jobs, nodes, expected) in cases {
+            assert_eq!(run(&jobs, &nodes), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn master_addr_is_rank_0_address_or_its_name() {
+        let mut nodes = [node("n1"), node("n2")];
+        let (placed, _) = place(&[job("a", 2, 0, 1)], &nodes, &BTreeSet::new(), 1..=9, NOW, WINDOW);
+        assert_eq!(placed[0].master_addr, "n1");
+        nodes[0].address = Some("10.0.0.1");
+        let (placed, _) = place(&[job("a", 2, 0, 1)], &nodes, &BTreeSet::new(), 1..=9, NOW, WINDOW);
+        assert_eq!(placed[0].master_addr, "10.0.0.1");
+        let (placed, why) =
+            place(&[job("a", 3, 0, 1)], &nodes, &BTreeSet::new(), 1..=9, NOW, WINDOW);
+        assert!(placed.is_empty());
+        assert_eq!(
+            why,
+            Some(Blocked { job: "a".into(), why: "waits for 3 eligible node(s): 2 free".into() })
+        );
+    }
+}
