@@ -1,0 +1,250 @@
+//! Posting progress to the queue (`FLEETMEND_PROGRESS_URL`) from a background thread.
+//!
+//! Training never waits on it: the training loop offers the newest [`Progress`] without
+//! blocking (a post still in flight makes it drop the older one), each post has a short timeout,
+//! and failures are only logged (the first, then at most one line a minute). The queue's reply
+//! may carry a checkpoint interval (`--checkpoint-every auto`), handed back through an atomic.
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use fleetmend_proto::jobs::{Progress, ProgressReply};
+
+/// Connect, write and read limit of one post.
+const POST_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest reply read.
+const MAX_REPLY_BYTES: u64 = 64 * 1024;
+/// Repeated failures are logged at most this often.
+const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+/// An `http://host:port/path` URL (the queue speaks plain HTTP on its own network).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpUrl {
+    /// `host:port` as given (the port defaults to 80).
+    pub authority: String,
+    /// Host without the port, for the `Host` header.
+    pub host: String,
+    /// Path and query, starting with `/`.
+    pub path: String,
+}
+
+impl HttpUrl {
+    /// Parses `url`; only `http://` is supported.
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let rest = url
+            .strip_prefix("http://")
+            .ok_or_else(|| format!("{url:?}: only http:// URLs are supported"))?;
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, "/"),
+        };
+        if authority.is_empty() {
+            return Err(format!("{url:?}: no host"));
+        }
+        let has_port = match authority.rfind(':') {
+            Some(i) => !authority[i..].contains(']'),
+            None => false,
+        };
+        let host = if has_port {
+            authority[..authority.rfind(':').unwrap_or(authority.len())].to_string()
+        } else {
+            authority.to_string()
+        };
+        let authority = if has_port { authority.to_string() } else { format!("{authority}:80") };
+        Ok(HttpUrl { authority, host, path: path.to_string() })
+    }
+}
+
+/// The handle the training loop posts through.
+#[derive(Debug)]
+pub struct ProgressPoster {
+    sender: SyncSender<Progress>,
+}
+
+impl ProgressPoster {
+    /// Starts the posting thread; a checkpoint interval in a reply is stored in `interval`.
+    pub fn start(
+        url: HttpUrl,
+        token: Option<String>,
+        interval: Arc<AtomicU64>,
+    ) -> std::io::Result<Self> {
+        let (sender, receiver) = mpsc::sync_channel::<Progress>(1);
+        thread::Builder::new().name("progress-post".into()).spawn(move || {
+            let mut last_failure_log: Option<Instant> = None;
+            let mut failing = false;
+            for progress in receiver {
+                match post(&url, token.as_deref(), &progress) {
+                    Ok(reply) => {
+                        if failing {
+                            eprintln!("fleetmend train: progress posts to {} work again", url.path);
+                            failing = false;
+                        }
+                        if let Some(every) = reply.checkpoint_every.filter(|&n| n > 0) {
+                            interval.store(every, Ordering::Relaxed);
+                        }
+                    }
+                    Err(reason) => {
+                        failing = true;
+                        if last_failure_log.is_none_or(|at| at.elapsed() >= FAILURE_LOG_INTERVAL) {
+                            eprintln!(
+                                "fleetmend train: posting progress to http://{}{} failed (training goes on): {reason}",
+                                url.authority, url.path
+                            );
+                            last_failure_log = Some(Instant::now());
+                        }
+                    }
+                }
+            }
+        })?;
+        Ok(ProgressPoster { sender })
+    }
+
+    /// Offers `progress` for posting; never blocks (drops it when a post is still pending).
+    pub fn offer(&self, progress: Progress) {
+        match self.sender.try_send(progress) {
+            Ok(()) | Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {}
+        }
+    }
+}
+
+/// One POST with a JSON body; the reply's [`ProgressReply`] (empty when the body has none).
+fn post(url: &HttpUrl, token: Option<&str>, progress: &Progress) -> Result<ProgressReply, String> {
+    let body = serde_json::to_vec(progress).map_err(|e| e.to_string())?;
+    let address = url
+        .authority
+        .to_socket_addrs()
+        .map_err(|e| format!("resolving {}: {e}", url.authority))?
+        .next()
+        .ok_or_else(|| format!("{} resolves to no address", url.authority))?;
+    let mut stream = TcpStream::connect_timeout(&address, POST_TIMEOUT)
+        .map_err(|e| format!("connecting to {address}: {e}"))?;
+    stream.set_read_timeout(Some(POST_TIMEOUT)).map_err(|e| e.to_string())?;
+    stream.set_write_timeout(Some(POST_TIMEOUT)).map_err(|e| e.to_string())?;
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let head = format!(
+        "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{auth}Connection: close\r\n\r\n",
+        url.path,
+        url.host,
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).map_err(|e| format!("sending: {e}"))?;
+    stream.write_all(&body).map_err(|e| format!("sending: {e}"))?;
+    let mut reply = Vec::new();
+    stream
+        .take(MAX_REPLY_BYTES)
+        .read_to_end(&mut reply)
+        .map_err(|e| format!("reading the reply: {e}"))?;
+    let text = String::from_utf8_lossy(&reply);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no HTTP status in the reply {head:?}"))?;
+    if !(200..300).contains(&status) {
+        return Err(format!("HTTP {status}: {}", body.trim()));
+    }
+    let chunked = head.lines().any(|l| {
+        let l = l.to_ascii_lowercase();
+        l.starts_with("transfer-encoding:") && l.contains("chunked")
+    });
+    let body = if chunked { dechunk(body) } else { body.to_string() };
+    if body.trim().is_empty() {
+        return Ok(ProgressReply::default());
+    }
+    serde_json::from_str(body.trim()).map_err(|e| format!("reading the reply body: {e}"))
+}
+
+/// The data of a chunked body (lenient: stops at anything malformed).
+fn dechunk(body: &str) -> String {
+    let mut out = String::new();
+    let mut rest = body;
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let Ok(size) = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16)
+        else {
+            break;
+        };
+        if size == 0 || after.len() < size {
+            break;
+        }
+        out.push_str(&after[..size]);
+        rest = after[size..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    #[test]
+    fn urls_parse() {
+        let url = HttpUrl::parse("http://127.0.0.1:9830/v1/jobs/j/progress").unwrap();
+        assert_eq!(url.authority, "127.0.0.1:9830");
+        assert_eq!(url.host, "127.0.0.1");
+        assert_eq!(url.path, "/v1/jobs/j/progress");
+        assert_eq!(HttpUrl::parse("http://queue").unwrap().authority, "queue:80");
+        assert!(HttpUrl::parse("https://queue/").is_err());
+    }
+
+    #[test]
+    fn a_post_carries_the_token_and_the_reply_sets_the_interval() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut request = Vec::new();
+            let mut buf = [0u8; 4096];
+            // Read until the JSON body's end.
+            while !request.ends_with(b"}") {
+                let n = stream.read(&mut buf).unwrap();
+                assert!(n > 0);
+                request.extend_from_slice(&buf[..n]);
+            }
+            let body = b"{\"checkpoint_every\":42}";
+            let reply = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            stream.write_all(reply.as_bytes()).unwrap();
+            stream.write_all(body).unwrap();
+            String::from_utf8(request).unwrap()
+        });
+        let interval = Arc::new(AtomicU64::new(0));
+        let url = HttpUrl::parse(&format!("http://127.0.0.1:{port}/p")).unwrap();
+        let poster = ProgressPoster::start(url, Some("tok".into()), interval.clone()).unwrap();
+        poster.offer(Progress {
+            job: "j".into(),
+            attempt: 0,
+            rank: 0,
+            step: 3,
+            start_step: 0,
+            loss: 1.5,
+            samples_per_second: 10.0,
+            checkpoint_step: None,
+            checkpoint_write_seconds: None,
+            checkpoint_stall_seconds: None,
+            at_ms: 1,
+        });
+        let request = server.join().unwrap();
+        assert!(request.starts_with("POST /p HTTP/1.1\r\n"), "{request}");
+        assert!(request.contains("Authorization: Bearer tok\r\n"), "{request}");
+        assert!(request.contains("\"step\":3"), "{request}");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while interval.load(Ordering::Relaxed) != 42 {
+            assert!(Instant::now() < deadline, "interval never set");
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn chunked_bodies_are_joined() {
+        assert_eq!(dechunk("5\r\n{\"a\":\r\n2\r\n1}\r\n0\r\n\r\n"), "{\"a\":1}");
+    }
+}
