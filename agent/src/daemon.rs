@@ -33,6 +33,8 @@ pub struct RunningAgent {
     /// The ranks of jobs this agent runs (none without a repairer: commands come only from it).
     pub ranks: Option<Arc<RankSupervisor>>,
     stop_grace: std::time::Duration,
+    /// How long the last report may take (`report.timeout`).
+    report_timeout: std::time::Duration,
     tasks: tokio::task::JoinSet<Result<(), AgentError>>,
 }
 
@@ -51,10 +53,17 @@ impl RunningAgent {
 
     /// Stops the agent: its ranks get SIGTERM, then SIGKILL after `jobs.stop_grace` (a rank must
     /// not outlive its supervisor unseen), then every task ends. The reporter runs until the
-    /// ranks are gone, so their exits still reach the repairer where it can be reached.
+    /// ranks are gone and a report showing how they ended was delivered (waiting at most
+    /// `report.timeout` for that), so the repairer learns of it from this agent.
     pub async fn stop(&mut self) {
         if let Some(ranks) = &self.ranks {
             ranks.stop_all(self.stop_grace).await;
+            // Bounded: a repairer that is away does not hold up the stop.
+            if !ranks.wait_exits_delivered(self.report_timeout).await {
+                tracing::warn!(
+                    "the ranks' exits did not reach the repairer before the agent stopped"
+                );
+            }
         }
         self.tasks.abort_all();
     }
@@ -135,7 +144,14 @@ pub async fn start(config: AgentConfig) -> Result<RunningAgent, AgentError> {
             .await
             .map_err(AgentError::Serve)
     });
-    Ok(RunningAgent { state, local_addr, ranks, stop_grace: config.jobs.stop_grace, tasks })
+    Ok(RunningAgent {
+        state,
+        local_addr,
+        ranks,
+        stop_grace: config.jobs.stop_grace,
+        report_timeout: config.report.timeout,
+        tasks,
+    })
 }
 
 /// Runs every check once (`--once`) and returns what they saw.

@@ -62,6 +62,8 @@ pub enum RunRankError {
     BadArgs { key: RankKey, why: String },
     #[error("rank {key}: creating its directory {path}: {source}")]
     RankDir { key: RankKey, path: PathBuf, source: std::io::Error },
+    #[error("rank {key}: its working directory {path}: {source}")]
+    Workdir { key: RankKey, path: PathBuf, source: std::io::Error },
     #[error("rank {key}: opening its log {path}: {source}")]
     Log { key: RankKey, path: PathBuf, source: std::io::Error },
     #[error("rank {key}: starting {program:?}: {source}")]
@@ -108,6 +110,8 @@ pub struct RankSupervisor {
     ranks: Mutex<BTreeMap<RankKey, Entry>>,
     /// Bumped on every rank that ends: the reporter sends a report at once.
     exits: watch::Sender<u64>,
+    /// The newest value of `exits` a delivered report carried.
+    delivered: watch::Sender<u64>,
     /// Set by [`Self::stop_all`]: no new rank starts.
     stopping: AtomicBool,
 }
@@ -120,6 +124,7 @@ impl RankSupervisor {
             address,
             ranks: Mutex::new(BTreeMap::new()),
             exits: watch::Sender::new(0),
+            delivered: watch::Sender::new(0),
             stopping: AtomicBool::new(false),
         })
     }
@@ -136,6 +141,26 @@ impl RankSupervisor {
     /// Changes whenever a rank ends (or an orphan was stopped).
     pub fn exits(&self) -> watch::Receiver<u64> {
         self.exits.subscribe()
+    }
+
+    /// A report built after `exits` showed `generation` reached the repairer.
+    pub fn note_delivered(&self, generation: u64) {
+        self.delivered.send_if_modified(|seen| {
+            let newer = generation > *seen;
+            if newer {
+                *seen = generation;
+            }
+            newer
+        });
+    }
+
+    /// Waits until a delivered report showed every exit so far, at most `within`; whether one did.
+    /// The agent's last act before it stops, so the repairer learns how its ranks ended.
+    pub async fn wait_exits_delivered(&self, within: Duration) -> bool {
+        let target = *self.exits.borrow();
+        let mut delivered = self.delivered.subscribe();
+        let waited = tokio::time::timeout(within, delivered.wait_for(|seen| *seen >= target));
+        matches!(waited.await, Ok(Ok(_)))
     }
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<RankKey, Entry>> {
@@ -263,6 +288,13 @@ impl RankSupervisor {
             OpenOptions::new().create(true).append(true).open(&log_path).map_err(log_error)?;
         let stderr = stdout.try_clone().map_err(log_error)?;
         let workdir = run.workdir.as_ref().map(PathBuf::from).unwrap_or_else(|| dir.clone());
+        // Looked at first: a missing working directory fails the spawn with the same error as a
+        // missing program, and the message must say which it was.
+        std::fs::read_dir(&workdir).map_err(|source| RunRankError::Workdir {
+            key: key.clone(),
+            path: workdir.clone(),
+            source,
+        })?;
         // `check_run` made sure there is a program.
         let (program, args) = run.argv.split_first().ok_or_else(|| RunRankError::BadArgs {
             key: key.clone(),
@@ -413,7 +445,6 @@ impl RankSupervisor {
             return 0;
         }
         let now = unix_millis(SystemTime::now());
-        let mut groups = Vec::new();
         {
             let mut ranks = self.lock();
             for orphan in &orphans {
@@ -422,7 +453,6 @@ impl RankSupervisor {
                     pid = orphan.pid,
                     "a rank left running by an earlier agent process; stopping it"
                 );
-                groups.push(orphan.pgid);
                 ranks.entry(orphan.key.clone()).or_insert_with(|| Entry {
                     status: RankStatus {
                         key: orphan.key.clone(),
@@ -438,53 +468,64 @@ impl RankSupervisor {
                 });
             }
         }
-        groups.sort_unstable();
-        groups.dedup();
         let found = orphans.len();
         let supervisor = Arc::clone(self);
         let procfs = procfs.to_owned();
         let stopper = std::thread::Builder::new()
             .name("rank-orphans".to_owned())
             .stack_size(WAITER_STACK)
-            .spawn(move || supervisor.stop_orphan_groups(&procfs, orphans, &groups));
+            .spawn(move || supervisor.stop_orphan_groups(&procfs, orphans));
         if let Err(err) = stopper {
             tracing::error!(error = %err, "cannot start a thread to stop orphaned ranks");
         }
         found
     }
 
-    /// TERM, then KILL after the grace period, polling `procfs` until the orphans are gone.
-    fn stop_orphan_groups(&self, procfs: &Path, orphans: Vec<Orphan>, groups: &[u32]) {
-        for pgid in groups {
-            signal_group(*pgid, Signal::SIGTERM);
-        }
-        let gone = |within: Duration| {
-            let deadline = Instant::now() + within;
-            loop {
-                let alive = orphans.iter().any(|o| process_running(procfs, o.pid));
-                if !alive || Instant::now() >= deadline {
-                    return !alive;
-                }
-                std::thread::sleep(ORPHAN_POLL);
-            }
-        };
-        let mut how = "ended after SIGTERM";
-        if !gone(self.config.stop_grace) {
-            for pgid in groups {
-                signal_group(*pgid, Signal::SIGKILL);
-            }
-            how = if gone(REAP_GRACE) { "killed (SIGKILL)" } else { "survived SIGKILL" };
-        }
+    /// TERM, then KILL after the grace period, polling `procfs` until the orphans are gone; each
+    /// is recorded as ended (and so reported) as soon as it is gone.
+    fn stop_orphan_groups(&self, procfs: &Path, orphans: Vec<Orphan>) {
         for orphan in &orphans {
-            self.end(
-                &orphan.key,
-                None,
-                format!(
-                    "left running by an earlier agent process (pid {}); stopped when this agent \
-                     started: {how}; its exit status is unknown",
-                    orphan.pid
-                ),
+            signal_group(orphan.pgid, Signal::SIGTERM);
+        }
+        let end = |orphan: &Orphan, how: &str| {
+            let message = format!(
+                "left running by an earlier agent process (pid {}); stopped when this agent \
+                 started: {how}; its exit status is unknown",
+                orphan.pid
             );
+            self.end(&orphan.key, None, message);
+        };
+        let term_deadline = Instant::now() + self.config.stop_grace;
+        let mut killed = false;
+        let mut left = orphans;
+        loop {
+            let how = if killed { "killed (SIGKILL)" } else { "ended after SIGTERM" };
+            left.retain(|orphan| {
+                let running = process_running(procfs, orphan.pid);
+                if !running {
+                    end(orphan, how);
+                }
+                running
+            });
+            if left.is_empty() {
+                return;
+            }
+            let now = Instant::now();
+            if !killed && now >= term_deadline {
+                for orphan in &left {
+                    signal_group(orphan.pgid, Signal::SIGKILL);
+                }
+                killed = true;
+                continue;
+            }
+            if killed && now >= term_deadline + REAP_GRACE {
+                for orphan in &left {
+                    tracing::error!(rank = %orphan.key, pid = orphan.pid, "an orphaned rank survived SIGKILL");
+                    end(orphan, "survived SIGKILL; left running");
+                }
+                return;
+            }
+            std::thread::sleep(ORPHAN_POLL);
         }
     }
 }

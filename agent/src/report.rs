@@ -127,9 +127,7 @@ impl Reporter {
         loop {
             seq += 1;
             // Seen before the ranks are read: an exit after this point sends another report.
-            if let Some(exits) = &mut exits {
-                exits.borrow_and_update();
-            }
+            let generation = exits.as_mut().map(|exits| *exits.borrow_and_update());
             let mut report = build_report(&state, seq, trigger);
             if let Some(commands) = &self.commands {
                 report.command_results = commands.outbox().pending();
@@ -145,6 +143,11 @@ impl Reporter {
                     }
                     failures = 0;
                     state.note_report(true);
+                    if let (Some(generation), Some(ranks)) =
+                        (generation, self.commands.as_ref().and_then(|c| c.ranks()))
+                    {
+                        ranks.note_delivered(generation);
+                    }
                     self.take_reply(&report, reply);
                 }
                 Err(err) => {

@@ -311,6 +311,18 @@ async fn a_missing_program_fails_to_start_with_the_os_error_and_ages_out_of_repo
     let again = node.repairer.result("r2").await;
     assert!(!again.ok && again.message.contains("not started again"), "{again:#?}");
 
+    // A working directory that does not exist is named as such.
+    let mut elsewhere = run_rank("r5", &key("job-b", 2), &["true"], &[]);
+    elsewhere.args.insert("workdir".to_owned(), serde_json::json!("/nonexistent/workdir"));
+    node.repairer.send(elsewhere);
+    let result = node.repairer.result("r5").await;
+    assert!(!result.ok, "{result:#?}");
+    assert!(
+        result.message.contains("working directory /nonexistent/workdir"),
+        "{}",
+        result.message
+    );
+
     // Bad arguments are refused and recorded nowhere.
     let bad = NodeCommand {
         id: "r3".to_owned(),
@@ -373,6 +385,10 @@ async fn stopping_the_agent_terms_its_ranks_then_kills_the_stubborn_ones() {
     for pid in pids {
         assert!(!process_alive(pid), "pid {pid} outlived the agent");
     }
+    // The stop waited for a report showing both ends to reach the repairer.
+    let last = node.repairer.reports().pop().unwrap();
+    let states: Vec<RankState> = last.ranks.iter().map(|s| s.state).collect();
+    assert_eq!(states, [RankState::Exited, RankState::Exited], "{last:#?}");
     // A stopping agent starts nothing new.
     let run = RunRank {
         key: key("job-d", 2),
@@ -384,37 +400,64 @@ async fn stopping_the_agent_terms_its_ranks_then_kills_the_stubborn_ones() {
     assert!(err.contains("stopping"), "{err}");
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn ranks_left_by_an_agent_that_was_killed_are_stopped_and_reported_at_start() {
-    let dir = tempfile::tempdir().unwrap();
-    // What an agent killed with SIGKILL leaves behind: a rank in its own process group, its
-    // rank directory in its environment, ignoring SIGTERM.
-    let jobs_dir = dir.path().join("jobs");
-    let orphan_key = key("job-e", 3);
-    let orphan_dir = jobs_dir.join("job-e/attempt-0/rank-3");
-    std::fs::create_dir_all(&orphan_dir).unwrap();
-    let mut orphan = std::process::Command::new("sh")
-        .args(["-c", "trap '' TERM; echo ready > ready; while :; do sleep 5 & wait $!; done"])
-        .env(RANK_DIR_VAR, &orphan_dir)
-        .current_dir(&orphan_dir)
+/// Starts what an agent killed with SIGKILL leaves behind: a rank in its own process group, its
+/// rank directory in its environment (running `script`); returns once it wrote `ready`.
+async fn orphan(jobs_dir: &Path, key: &RankKey, script: &str) -> std::process::Child {
+    let dir = jobs_dir
+        .join(&key.job)
+        .join(format!("attempt-{}", key.attempt))
+        .join(format!("rank-{}", key.rank));
+    std::fs::create_dir_all(&dir).unwrap();
+    let child = std::process::Command::new("sh")
+        .args(["-c", &format!("{script}; echo ready > ready; while :; do sleep 5 & wait $!; done")])
+        .env(RANK_DIR_VAR, &dir)
+        .current_dir(&dir)
         .process_group(0)
         .spawn()
         .unwrap();
-    assert!(eventually(|| orphan_dir.join("ready").exists()).await);
-    let pid = orphan.id();
+    assert!(eventually(|| dir.join("ready").exists()).await, "the orphan never got ready");
+    child
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ranks_left_by_an_agent_that_was_killed_are_stopped_and_reported_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let jobs_dir = dir.path().join("jobs");
+    let (polite, stubborn) = (key("job-e", 3), key("job-e", 4));
+    let mut polite_child = orphan(&jobs_dir, &polite, "true").await;
+    let mut stubborn_child = orphan(&jobs_dir, &stubborn, "trap '' TERM").await;
+    // One elsewhere: not this agent's (another agent's jobs.dir), so left alone.
+    let other_dir = dir.path().join("other-jobs");
+    let mut other_child = orphan(&other_dir, &key("job-e", 5), "true").await;
 
     let node =
         Node::start_in(Some(&jobs_dir), "ranks-5", "enabled = true\nstop_grace = \"300ms\"\n")
             .await;
-    let (_, stopped) = node
+    let message = |report: &Report, key: &RankKey| {
+        report
+            .ranks
+            .iter()
+            .find(|s| &s.key == key && s.state == RankState::Exited)
+            .map(|s| s.message.clone())
+    };
+    let (report, _) = node
         .repairer
-        .report_where(&orphan_key, "showing the orphan stopped", |_, s| {
-            s.state == RankState::Exited
+        .report_where(&stubborn, "showing the orphans stopped", |report, _| {
+            message(report, &polite).is_some() && message(report, &stubborn).is_some()
         })
         .await;
-    assert!(stopped.message.contains("left running by an earlier agent process"), "{stopped:#?}");
-    assert!(stopped.message.contains("SIGKILL"), "{stopped:#?}");
-    let status = orphan.wait().unwrap();
-    assert_eq!(status.signal(), Some(9), "{status:?}");
-    assert!(!process_alive(pid));
+    let (polite_message, stubborn_message) =
+        (message(&report, &polite).unwrap(), message(&report, &stubborn).unwrap());
+    assert!(
+        polite_message.contains("left running by an earlier agent process"),
+        "{polite_message}"
+    );
+    assert!(polite_message.contains("ended after SIGTERM"), "{polite_message}");
+    assert!(stubborn_message.contains("killed (SIGKILL)"), "{stubborn_message}");
+    assert_eq!(polite_child.wait().unwrap().signal(), Some(15));
+    assert_eq!(stubborn_child.wait().unwrap().signal(), Some(9));
+    assert_eq!(other_child.try_wait().unwrap(), None, "another directory's rank was stopped");
+    assert!(report.ranks.iter().all(|s| s.key.rank != 5), "{report:#?}");
+    other_child.kill().unwrap();
+    other_child.wait().unwrap();
 }
