@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fleetmend_proto::{
-    CheckRun, CommandResult, Finding, RecommendedAction, Report, ReportReply, ReportTrigger,
-    Status, Verdict, WIRE_VERSION, command_kind,
+    CheckRun, CommandResult, Finding, RankKey, RankSignal, RankState, RankStatus,
+    RecommendedAction, Report, ReportReply, ReportTrigger, RunRank, SignalRank, Status, Verdict,
+    WIRE_VERSION, command_kind,
 };
 use fleetmend_repairer::config::RepairerConfig;
 use fleetmend_repairer::engine::{BreakerState, NodeSummary};
@@ -474,6 +475,17 @@ struct AgentState {
     ran: BTreeSet<String>,
     /// Every command received, in order.
     commands: Vec<fleetmend_proto::NodeCommand>,
+    /// Ranks of jobs this node runs or ran (from `run-rank`), reported with every report.
+    ranks: std::collections::BTreeMap<RankKey, RankStatus>,
+    /// Every `run-rank` received, in order (one per rank: an agent starts a rank once).
+    run_ranks: Vec<RunRank>,
+    /// Every `signal-rank` received, in order.
+    signals: Vec<SignalRank>,
+    /// The exit status of a rank sent SIGTERM (as the checkpoint protocol asks: 0); `None`: it
+    /// ignores SIGTERM and only SIGKILL ends it.
+    term_exit: Option<i32>,
+    /// The address the node reports.
+    address: Option<String>,
 }
 
 #[derive(Debug)]
@@ -503,6 +515,76 @@ impl Drop for Agent {
 }
 
 impl Agent {
+    /// A scripted agent for `node` reporting to the repairer at `base` (for repairers started
+    /// outside [`Harness`]).
+    pub fn connect(
+        node: &str,
+        base: &str,
+        token: Option<String>,
+        provider: Arc<FakeProvider>,
+    ) -> Agent {
+        Agent::new(node, base, token, provider)
+    }
+
+    /// Every `run-rank` command received, in order.
+    pub fn run_ranks(&self) -> Vec<RunRank> {
+        self.inner.state.lock().unwrap().run_ranks.clone()
+    }
+
+    /// Every `signal-rank` command received, in order.
+    pub fn signals(&self) -> Vec<SignalRank> {
+        self.inner.state.lock().unwrap().signals.clone()
+    }
+
+    /// The ranks this node runs now.
+    pub fn running_ranks(&self) -> Vec<RankKey> {
+        let state = self.inner.state.lock().unwrap();
+        state
+            .ranks
+            .values()
+            .filter(|r| r.state == RankState::Running)
+            .map(|r| r.key.clone())
+            .collect()
+    }
+
+    /// Ends every running rank of `job` on this node with exit status `code` (reported next).
+    pub fn exit_ranks(&self, job: &str, code: i32) {
+        let mut state = self.inner.state.lock().unwrap();
+        for rank in state.ranks.values_mut() {
+            if rank.key.job == job && rank.state == RankState::Running {
+                rank.state = RankState::Exited;
+                rank.exit_code = Some(code);
+                rank.finished_at_ms = Some(now_ms());
+            }
+        }
+        state.trigger = ReportTrigger::RankExit;
+    }
+
+    /// What a rank does on SIGTERM: exit with this status (`None`: ignore it).
+    pub fn set_term_exit(&self, code: Option<i32>) {
+        self.inner.state.lock().unwrap().term_exit = code;
+    }
+
+    /// The address the node reports (for `MASTER_ADDR`).
+    pub fn set_address(&self, address: &str) {
+        self.inner.state.lock().unwrap().address = Some(address.to_owned());
+    }
+
+    /// Waits until the repairer accepted `n` more reports of this agent.
+    pub async fn wait_reports(&self, n: u64) {
+        let target = self.reports_sent() + n;
+        let deadline = Instant::now() + DEADLINE;
+        while self.reports_sent() < target {
+            assert!(Instant::now() < deadline, "{}: {n} more reports did not arrive", self.node());
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Forgets every rank, as an agent restarted or a node rebooted would.
+    pub fn forget_ranks(&self) {
+        self.inner.state.lock().unwrap().ranks.clear();
+    }
+
     fn new(node: &str, base: &str, token: Option<String>, provider: Arc<FakeProvider>) -> Agent {
         let state = AgentState {
             boot: 1,
@@ -521,6 +603,11 @@ impl Agent {
             reports_sent: 0,
             ran: BTreeSet::new(),
             commands: Vec::new(),
+            ranks: std::collections::BTreeMap::new(),
+            run_ranks: Vec::new(),
+            signals: Vec::new(),
+            term_exit: Some(0),
+            address: None,
         };
         Agent {
             inner: Arc::new(AgentInner {
@@ -617,6 +704,53 @@ impl Agent {
 }
 
 impl AgentInner {
+    /// Starts a rank for `run-rank` (once per rank) and acts on `signal-rank`: SIGUSR1 changes
+    /// nothing, SIGTERM ends it with `term_exit`, SIGKILL by signal 9.
+    fn run_rank_commands(state: &mut AgentState, command: &fleetmend_proto::NodeCommand) {
+        if command.kind == command_kind::RUN_RANK {
+            let run: RunRank = command.args_as().unwrap();
+            if !state.ranks.contains_key(&run.key) {
+                state.ranks.insert(
+                    run.key.clone(),
+                    RankStatus {
+                        key: run.key.clone(),
+                        state: RankState::Running,
+                        pid: Some(1000 + run.key.rank),
+                        exit_code: None,
+                        signal: None,
+                        message: String::new(),
+                        started_at_ms: now_ms(),
+                        finished_at_ms: None,
+                    },
+                );
+                state.run_ranks.push(run);
+            }
+        } else if command.kind == command_kind::SIGNAL_RANK {
+            let signal: SignalRank = command.args_as().unwrap();
+            let term_exit = state.term_exit;
+            if let Some(rank) = state.ranks.get_mut(&signal.key)
+                && rank.state == RankState::Running
+            {
+                match signal.signal {
+                    RankSignal::Usr1 => {}
+                    RankSignal::Term => {
+                        if let Some(code) = term_exit {
+                            rank.state = RankState::Exited;
+                            rank.exit_code = Some(code);
+                            rank.finished_at_ms = Some(now_ms());
+                        }
+                    }
+                    RankSignal::Kill => {
+                        rank.state = RankState::Exited;
+                        rank.signal = Some(9);
+                        rank.finished_at_ms = Some(now_ms());
+                    }
+                }
+            }
+            state.signals.push(signal);
+        }
+    }
+
     /// Lives through reboots the provider made since the last report.
     fn notice_reboots(&self, state: &mut AgentState) {
         let reboots = self
@@ -634,6 +768,8 @@ impl AgentInner {
             state.trigger = ReportTrigger::Startup;
             state.results.clear();
             state.delivered.clear();
+            // A reboot ends every process the agent ran.
+            state.ranks.clear();
             if !state.fault_persists {
                 state.findings.clear();
             }
@@ -681,8 +817,8 @@ impl AgentInner {
             checks,
             findings,
             command_results,
-            address: None,
-            ranks: Vec::new(),
+            address: state.address.clone(),
+            ranks: state.ranks.values().cloned().collect(),
         })
     }
 
@@ -711,6 +847,7 @@ impl AgentInner {
         state.trigger = ReportTrigger::Interval;
         for command in &reply.commands {
             state.commands.push(command.clone());
+            Self::run_rank_commands(&mut state, command);
             if command.kind != command_kind::DEEP_CHECK || !state.ran.insert(command.id.clone()) {
                 continue;
             }
