@@ -195,14 +195,16 @@ impl RankSupervisor {
         if !self.config.enabled {
             return Err(RunRankError::Disabled { key });
         }
-        if self.stopping.load(Ordering::Acquire) {
-            return Err(RunRankError::Stopping { key });
-        }
         if let Err(why) = check_run(run) {
             return Err(RunRankError::BadArgs { key, why });
         }
-        // Held from the look-up to the insert, so two `run-rank`s of one key cannot both start.
+        // Held from the look-up to the insert, so two `run-rank`s of one key cannot both start,
+        // and a stop that begins meanwhile sees this rank (it looks under this lock after setting
+        // `stopping`).
         let mut ranks = self.lock();
+        if self.stopping.load(Ordering::Acquire) {
+            return Err(RunRankError::Stopping { key });
+        }
         if let Some(entry) = ranks.get(&key) {
             return Ok(RunOutcome::AlreadyStarted(entry.status.clone()));
         }

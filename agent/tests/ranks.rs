@@ -377,7 +377,7 @@ async fn stopping_the_agent_terms_its_ranks_then_kills_the_stubborn_ones() {
     node.agent.stop().await;
     let took = started.elapsed();
     assert!(took >= Duration::from_secs(1), "SIGKILL came before the grace period: {took:?}");
-    assert!(took < Duration::from_secs(8), "stopping took {took:?}");
+    assert!(took < Duration::from_secs(15), "stopping took {took:?}");
     let polite = ranks.status(&polite).unwrap();
     assert_eq!((polite.state, polite.exit_code), (RankState::Exited, Some(7)), "{polite:#?}");
     let stubborn = ranks.status(&stubborn).unwrap();
@@ -431,8 +431,7 @@ async fn ranks_left_by_an_agent_that_was_killed_are_stopped_and_reported_at_star
     let mut other_child = orphan(&other_dir, &key("job-e", 5), "true").await;
 
     let node =
-        Node::start_in(Some(&jobs_dir), "ranks-5", "enabled = true\nstop_grace = \"300ms\"\n")
-            .await;
+        Node::start_in(Some(&jobs_dir), "ranks-5", "enabled = true\nstop_grace = \"2s\"\n").await;
     let message = |report: &Report, key: &RankKey| {
         report
             .ranks
