@@ -20,13 +20,14 @@
 //!
 //! For a given seed and world size a resumed run ends with bit-identical weights to an
 //! uninterrupted one: the initial weights and every batch are pure functions of (seed, step,
-//! rank, world size); candle's CPU kernels compute each output element in a fixed order (its only
-//! threaded kernel here, gemm's matmul, splits the output between threads, never a sum); the
+//! rank, world size); candle's CPU kernels compute each output element in a fixed order (its
+//! threaded kernels, gemm's matmul and the large element-wise maps, split the outputs between
+//! threads, never a sum: runs with 1, 2 and 3 threads gave the same weights bit for bit); the
 //! all-reduce sums in a fixed order; AdamW is plain scalar code; and a checkpoint stores the exact
 //! bits of the weights and of AdamW's state. The thread count per rank (`--threads`, 1 by default
 //! when there are several ranks: ranks share the machine's cores) therefore changes speed, not
-//! results. Across CPU models gemm's cache blocking may differ, so resume on the same kind of
-//! machine for bit-exact results; CUDA kernels make no such promise.
+//! results. Across CPU models gemm's kernels and cache blocking may differ, so resume on the same
+//! kind of machine for bit-exact results; CUDA kernels make no such promise.
 
 pub mod data;
 pub mod model;
@@ -63,6 +64,8 @@ const EXIT_FAILED: u8 = 1;
 const EXIT_CANNOT_RUN: u8 = 2;
 /// `--checkpoint-every auto` checkpoints this often until the queue says otherwise.
 const AUTO_FALLBACK_EVERY: u64 = 100;
+/// Longest wait at exit for the last progress post.
+const FINAL_POST_LIMIT: Duration = Duration::from_secs(3);
 /// Control values appended to the gradients: checkpoint requested, stop requested, rank 0's
 /// newest committed checkpoint step + 1 (high and low halves, so it is exact in f32), loss.
 const CONTROL_VALUES: usize = 5;
@@ -109,8 +112,8 @@ pub struct TrainArgs {
     /// Checkpoints kept (older ones are removed after each new one).
     #[arg(long, default_value_t = 3)]
     pub keep: usize,
-    /// CPU threads per rank for candle's matrix products; default 1 when there are several
-    /// ranks (they share the machine), else every core. Results do not depend on it.
+    /// CPU threads per rank for candle's kernels; default 1 when there are several ranks (they
+    /// share the machine), else every core. Results do not depend on it.
     #[arg(long)]
     pub threads: Option<usize>,
     /// How long a collective waits for a peer before failing (a dead peer fails sooner).
@@ -246,6 +249,7 @@ impl TrainError {
 
 /// Runs the trainer; the exit code follows the checkpoint protocol (0 = done or stopped cleanly).
 pub fn main(args: TrainArgs) -> ExitCode {
+    pin_compute_threads(compute_threads(&args));
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -305,15 +309,62 @@ struct Setup {
 fn run(args: TrainArgs) -> Result<(), TrainError> {
     let signals = Signals::register()?;
     let setup = setup(args)?;
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(setup.threads)
-        .thread_name(|i| format!("train-compute-{i}"))
-        .build()
-        .map_err(|e| TrainError::InvalidSetup {
-            problems: vec![format!("--threads: cannot start {} threads: {e}", setup.threads)],
-        })?;
-    // candle's matmuls run on the pool of the thread that calls them: this one's.
-    pool.install(|| train(setup, &signals))
+    train(setup, &signals)
+}
+
+/// Set to the thread count once the trainer re-executed itself with it (so it never loops).
+const THREADS_PINNED_VAR: &str = "FLEETMEND_TRAIN_THREADS_PINNED";
+
+/// The compute threads per rank: `--threads`, else 1 when there are several ranks (they share
+/// the machine's cores), else every core.
+fn compute_threads(args: &TrainArgs) -> usize {
+    let world: usize =
+        std::env::var("WORLD_SIZE").ok().and_then(|w| w.trim().parse().ok()).unwrap_or(1);
+    args.threads.filter(|&t| t > 0).unwrap_or(if world > 1 {
+        1
+    } else {
+        thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    })
+}
+
+/// candle sizes its CPU thread pools from `CANDLE_NUM_THREADS` / `RAYON_NUM_THREADS` (else the
+/// number of cores), read when first used, and its element-wise pool's idle workers spin: four
+/// ranks on two cores, each with spinning workers, ran ~5× slower. The environment of a running
+/// process cannot be changed safely, so the trainer replaces itself (same pid, so the launcher's
+/// signals still reach it) with the variables set. Returns only when no re-exec is needed or it
+/// failed (then candle's defaults apply: slower, same results).
+fn pin_compute_threads(threads: usize) {
+    let want = threads.to_string();
+    let set = |name: &str| std::env::var(name).is_ok_and(|v| v == want);
+    if set("CANDLE_NUM_THREADS") && set("RAYON_NUM_THREADS") {
+        return;
+    }
+    if std::env::var_os(THREADS_PINNED_VAR).is_some() {
+        eprintln!(
+            "fleetmend train: warning: CANDLE_NUM_THREADS/RAYON_NUM_THREADS differ from --threads {threads} after re-executing; going on with them"
+        );
+        return;
+    }
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(err) => {
+            eprintln!(
+                "fleetmend train: warning: cannot find this executable to pin {threads} compute threads ({err}); going on with candle's default"
+            );
+            return;
+        }
+    };
+    use std::os::unix::process::CommandExt;
+    let err = std::process::Command::new(&exe)
+        .args(std::env::args_os().skip(1))
+        .env("CANDLE_NUM_THREADS", &want)
+        .env("RAYON_NUM_THREADS", &want)
+        .env(THREADS_PINNED_VAR, &want)
+        .exec();
+    eprintln!(
+        "fleetmend train: warning: cannot re-execute {} to pin {threads} compute threads ({err}); going on with candle's default",
+        exe.display()
+    );
 }
 
 fn setup(args: TrainArgs) -> Result<Setup, TrainError> {
@@ -383,11 +434,7 @@ fn setup(args: TrainArgs) -> Result<Setup, TrainError> {
     if !problems.is_empty() {
         return Err(TrainError::InvalidSetup { problems });
     }
-    let threads = args.threads.unwrap_or(if membership.world_size > 1 {
-        1
-    } else {
-        thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
-    });
+    let threads = compute_threads(&args);
     let job_id = std::env::var("FLEETMEND_JOB_ID")
         .ok()
         .filter(|id| !id.is_empty())
@@ -521,9 +568,12 @@ fn train(setup: Setup, signals: &Signals) -> Result<(), TrainError> {
     let mut last_requested = start_step;
     let mut window_start = Instant::now();
     let mut window_steps = 0u64;
+    // Seconds of this window spent computing (forward, backward, update) and in the all-reduce.
+    let (mut window_compute, mut window_comm) = (0.0f64, 0.0f64);
     let mut last_progress: Option<Instant> = None;
     let result = (|| -> Result<Option<u64>, TrainError> {
         for step in start_step + 1..=args.steps {
+            let compute_start = Instant::now();
             let (inputs, targets) = setup.corpus.batch(batch_spec, step, rank);
             buffer.clear();
             let loss = model
@@ -541,6 +591,8 @@ fn train(setup: Setup, signals: &Signals) -> Result<(), TrainError> {
                 (committed % STEP_SPLIT) as f32,
                 loss,
             ]);
+            let comm_start = Instant::now();
+            window_compute += (comm_start - compute_start).as_secs_f64();
             if let Some(comm) = comm.as_mut() {
                 comm.all_reduce_sum(&mut buffer).map_err(|source| TrainError::Collective {
                     rank,
@@ -549,6 +601,8 @@ fn train(setup: Setup, signals: &Signals) -> Result<(), TrainError> {
                     source,
                 })?;
             }
+            let update_start = Instant::now();
+            window_comm += (update_start - comm_start).as_secs_f64();
             let control = buffer.split_off(buffer.len() - CONTROL_VALUES);
             if world > 1 {
                 let w = world as f32;
@@ -568,6 +622,7 @@ fn train(setup: Setup, signals: &Signals) -> Result<(), TrainError> {
                 source,
             })?;
             window_steps += 1;
+            window_compute += update_start.elapsed().as_secs_f64();
 
             if checkpoint_now || stop_now {
                 last_requested = step;
@@ -590,12 +645,14 @@ fn train(setup: Setup, signals: &Signals) -> Result<(), TrainError> {
                     checkpoint_stall_seconds: run.last_stall_seconds,
                     at_ms: unix_ms(),
                 };
-                emit_progress(&progress);
+                let per_step = |seconds: f64| seconds / window_steps.max(1) as f64;
+                emit_progress(&progress, per_step(window_compute), per_step(window_comm));
                 if let Some(poster) = &poster {
                     poster.offer(progress);
                 }
                 window_start = Instant::now();
                 window_steps = 0;
+                (window_compute, window_comm) = (0.0, 0.0);
                 last_progress = Some(Instant::now());
             }
             if stop_now {
@@ -605,6 +662,10 @@ fn train(setup: Setup, signals: &Signals) -> Result<(), TrainError> {
         Ok(None)
     })();
 
+    // The final progress (a rank's last step) is worth a short wait; a dead queue is not.
+    if let Some(poster) = poster {
+        poster.finish(FINAL_POST_LIMIT);
+    }
     match result {
         Ok(stopped_at) => {
             let step = stopped_at.unwrap_or(args.steps);
@@ -1106,10 +1167,14 @@ fn progress_poster(interval: Arc<AtomicU64>) -> Option<progress::ProgressPoster>
     }
 }
 
-fn emit_progress(progress: &Progress) {
+/// A progress line: the posted [`Progress`] plus where a step's time went (mean seconds per
+/// step since the previous line: computing, and waiting in the all-reduce).
+fn emit_progress(progress: &Progress, compute_seconds: f64, allreduce_seconds: f64) {
     let mut value = serde_json::to_value(progress).unwrap_or_else(|_| json!({}));
     if let Some(object) = value.as_object_mut() {
         object.insert("event".to_string(), json!("progress"));
+        object.insert("compute_seconds".to_string(), json!(compute_seconds));
+        object.insert("allreduce_seconds".to_string(), json!(allreduce_seconds));
     }
     emit(&value);
 }

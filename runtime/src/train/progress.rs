@@ -64,6 +64,8 @@ impl HttpUrl {
 #[derive(Debug)]
 pub struct ProgressPoster {
     sender: SyncSender<Progress>,
+    /// Disconnects when the posting thread ends.
+    finished: mpsc::Receiver<()>,
 }
 
 impl ProgressPoster {
@@ -74,7 +76,9 @@ impl ProgressPoster {
         interval: Arc<AtomicU64>,
     ) -> std::io::Result<Self> {
         let (sender, receiver) = mpsc::sync_channel::<Progress>(1);
+        let (finished_sender, finished) = mpsc::channel::<()>();
         thread::Builder::new().name("progress-post".into()).spawn(move || {
+            let _finished = finished_sender;
             let mut last_failure_log: Option<Instant> = None;
             let mut failing = false;
             for progress in receiver {
@@ -101,7 +105,14 @@ impl ProgressPoster {
                 }
             }
         })?;
-        Ok(ProgressPoster { sender })
+        Ok(ProgressPoster { sender, finished })
+    }
+
+    /// Lets the last offered progress (the final step) go out, waiting at most `limit`.
+    pub fn finish(self, limit: Duration) {
+        let ProgressPoster { sender, finished } = self;
+        drop(sender);
+        let _ = finished.recv_timeout(limit);
     }
 
     /// Offers `progress` for posting; never blocks (drops it when a post is still pending).
