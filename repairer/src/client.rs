@@ -8,6 +8,7 @@ use serde::de::DeserializeOwned;
 use crate::api::NodeDetail;
 use crate::engine::{BreakerState, NodeSummary};
 use crate::model::{Event, RuleAction};
+use crate::queue::{CheckpointEvery, JobSpec, JobView};
 
 /// A request to the repairer failed.
 #[derive(Debug, thiserror::Error)]
@@ -153,6 +154,28 @@ impl Client {
     pub async fn close_breaker(&self) -> Result<BreakerState, ClientError> {
         self.request("POST", "/v1/breaker/close", None).await
     }
+
+    /// Submits a job to the embedded queue.
+    pub async fn submit(&self, spec: &JobSpec) -> Result<JobView, ClientError> {
+        let body = serde_json::to_value(spec).map_err(|source| ClientError::Decode {
+            method: "POST",
+            url: format!("{}/v1/jobs", self.base),
+            source,
+        })?;
+        self.request("POST", "/v1/jobs", Some(body)).await
+    }
+
+    pub async fn jobs(&self) -> Result<Vec<JobView>, ClientError> {
+        self.request("GET", "/v1/jobs", None).await
+    }
+
+    pub async fn job(&self, id: &str) -> Result<JobView, ClientError> {
+        self.request("GET", &format!("/v1/jobs/{id}"), None).await
+    }
+
+    pub async fn cancel(&self, id: &str) -> Result<JobView, ClientError> {
+        self.request("POST", &format!("/v1/jobs/{id}/cancel"), None).await
+    }
 }
 
 fn table(rows: Vec<Vec<String>>) -> String {
@@ -230,6 +253,48 @@ pub fn events_table(events: &[Event]) -> String {
     table(rows)
 }
 
+/// `fleetmend jobs` as a table.
+pub fn jobs_table(jobs: &[JobView]) -> String {
+    let mut rows = vec![
+        [
+            "ID",
+            "NAME",
+            "STATE",
+            "PRIORITY",
+            "NODES",
+            "STEP",
+            "LOSS",
+            "RESTARTS",
+            "GOODPUT",
+            "CHECKPOINT EVERY",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    ];
+    for view in jobs {
+        let job = &view.job;
+        let interval = match (job.spec.checkpoint_every, job.checkpoint_interval) {
+            (Some(CheckpointEvery::Auto), Some(steps)) => format!("auto ({steps})"),
+            (Some(CheckpointEvery::Auto), None) => "auto (measuring)".to_owned(),
+            (Some(CheckpointEvery::Steps(steps)), _) => steps.to_string(),
+            (None, _) => "-".to_owned(),
+        };
+        rows.push(vec![
+            job.id.clone(),
+            job.name.clone(),
+            job.state.to_string(),
+            job.spec.priority.to_string(),
+            job.spec.nodes.to_string(),
+            view.step.map_or_else(|| "-".to_owned(), |s| s.to_string()),
+            view.loss.map_or_else(|| "-".to_owned(), |l| format!("{l:.4}")),
+            format!("{}/{}", job.restarts, job.spec.max_restarts),
+            format!("{:.0}%", view.goodput_ratio * 100.0),
+            interval,
+        ]);
+    }
+    table(rows)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -250,5 +315,29 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert!(lines[0].starts_with("NODE          STATE"), "{text}");
         assert!(lines[1].contains("draining") && lines[1].contains(" 7"), "{text}");
+    }
+
+    #[test]
+    fn jobs_table_shows_progress_restarts_goodput_and_the_interval() {
+        let spec: JobSpec = serde_json::from_value(serde_json::json!({
+            "argv": ["fleetmend", "train"], "nodes": 4, "priority": 2,
+            "checkpoint_dir": "/ckpt", "max_restarts": 10, "checkpoint_every": "auto"
+        }))
+        .unwrap();
+        let job: crate::queue::Job = serde_json::from_value(serde_json::json!({
+            "id": "j-3", "seq": 3, "name": "fleetmend", "spec": spec, "submitted_ms": 0,
+            "state": "running", "state_since_ms": 0, "reason": "", "attempt": 1, "restarts": 1,
+            "nodes": [], "master_addr": null, "master_port": null, "ranks": [], "history": [],
+            "goodput": { "productive_ms": 0, "high_water_step": 0, "steps_lost_total": 0 },
+            "measured": {}, "checkpoint_interval": 120
+        }))
+        .unwrap();
+        let view = JobView { job, step: Some(640), loss: Some(2.5), goodput_ratio: 0.873 };
+        let text = jobs_table(&[view]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("ID   NAME       STATE"), "{text}");
+        for cell in ["j-3", "running", "640", "2.5000", "1/10", "87%", "auto (120)"] {
+            assert!(lines[1].contains(cell), "{cell} missing: {text}");
+        }
     }
 }
