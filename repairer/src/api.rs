@@ -560,31 +560,10 @@ async fn job_progress(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    if token.is_none() {
-        return Err(ApiError(StatusCode::UNAUTHORIZED, "a bearer token is required".to_owned()));
-    }
+    queue.check_token(&id, token)?;
     let body = read_body(body, state.max_body_bytes)?;
-    let progress: fleetmend_proto::Progress = match serde_json::from_slice(&body) {
-        Ok(progress) => progress,
-        // The token is checked before the body is judged: a stranger learns nothing.
-        Err(err) => {
-            let empty = fleetmend_proto::Progress {
-                job: id.clone(),
-                attempt: u32::MAX,
-                rank: u32::MAX,
-                step: 0,
-                start_step: 0,
-                loss: 0.0,
-                samples_per_second: 0.0,
-                checkpoint_step: None,
-                checkpoint_write_seconds: None,
-                checkpoint_stall_seconds: None,
-                at_ms: 0,
-            };
-            queue.progress(&id, token, &empty)?;
-            return Err(bad_request(format!("malformed progress: {err}")));
-        }
-    };
+    let progress: fleetmend_proto::Progress = serde_json::from_slice(&body)
+        .map_err(|err| bad_request(format!("malformed progress: {err}")))?;
     Ok(axum::Json(queue.progress(&id, token, &progress)?).into_response())
 }
 

@@ -418,6 +418,13 @@ impl Job {
             .max_by(|a, b| a.step.cmp(&b.step).then(b.rank.cmp(&a.rank)))
     }
 
+    /// The newest step reported: by the current attempt, else by the last one that reported.
+    pub fn step(&self) -> Option<u64> {
+        self.latest_progress()
+            .map(|p| p.step)
+            .or_else(|| self.history.iter().rev().find_map(|a| a.last_step))
+    }
+
     /// The newest checkpoint step the ranks of the current attempt reported.
     pub fn newest_checkpoint_step(&self) -> Option<u64> {
         self.ranks.iter().filter_map(|r| r.progress.as_ref()?.checkpoint_step).max()

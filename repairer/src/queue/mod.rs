@@ -378,6 +378,19 @@ impl JobQueue {
         Ok(view)
     }
 
+    /// Whether `token` is job `id`'s progress token (checked before a body is judged, so a
+    /// stranger learns nothing from its errors).
+    pub fn check_token(&self, id: &str, token: Option<&str>) -> Result<(), QueueError> {
+        let state = self.lock();
+        let job = state.jobs.get(id).ok_or_else(|| QueueError::UnknownJob(id.to_owned()))?;
+        match token {
+            Some(token) if constant_time_eq(token.as_bytes(), job.progress_token.as_bytes()) => {
+                Ok(())
+            }
+            _ => Err(QueueError::Unauthorized { job: id.to_owned() }),
+        }
+    }
+
     /// A rank's progress post (`token` is the bearer token it presented).
     pub fn progress(
         &self,
@@ -554,7 +567,7 @@ impl JobQueue {
                 restarts: j.restarts,
                 goodput_ratio: j.goodput_ratio(now),
                 steps_lost: j.goodput.steps_lost_total,
-                step: j.view(now).step,
+                step: j.step(),
             })
             .collect();
         let resume_seconds =
@@ -864,7 +877,7 @@ impl JobQueue {
 
     /// Moves a job on: failures stop it, all ranks done completes it, the stop sequence goes on.
     /// `unusable` says why a node can no longer run a rank (the tick's view of the nodes).
-    fn advance(&self, job: &mut Job, now: u64, unusable: Option<&dyn Fn(&str) -> Option<String>>) {
+    fn advance(&self, job: &mut Job, now: u64, unusable: Option<&Unusable<'_>>) {
         match job.state {
             JobState::Starting | JobState::Running => {
                 let start_timeout = self.config.start_timeout.as_millis() as u64;
@@ -1235,6 +1248,9 @@ impl Scheduler for JobQueue {
         })
     }
 }
+
+/// Why a node can no longer run a rank, if it cannot (the tick's view of the nodes).
+type Unusable<'a> = dyn Fn(&str) -> Option<String> + 'a;
 
 fn set_state(job: &mut Job, state: JobState, reason: &str, now: u64) {
     job.state = state;

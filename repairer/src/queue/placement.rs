@@ -147,6 +147,10 @@ mod tests {
         list.iter().map(|s| (*s).to_owned()).collect()
     }
 
+    /// Name, waiting jobs, nodes, expected (job, nodes, port) placements.
+    type Case<'a> =
+        (&'a str, Vec<Waiting<'a>>, Vec<Candidate<'a>>, Vec<(String, Vec<String>, u16)>);
+
     #[test]
     fn placement_table() {
         let four = [node("n1"), node("n2"), node("n3"), node("n4")];
@@ -157,12 +161,7 @@ mod tests {
         silent[2].last_report_ms = NOW - WINDOW - 1;
         let mut busy = four.clone();
         busy[3].busy = true;
-        let cases: Vec<(
-            &str,
-            Vec<Waiting<'_>>,
-            Vec<Candidate<'_>>,
-            Vec<(String, Vec<String>, u16)>,
-        )> = vec![
+        let cases: Vec<Case<'_>> = vec![
             (
                 "higher priority first, FIFO after, ports skip the one in use",
                 vec![job("low", 2, 0, 1), job("high", 2, 5, 2)],
