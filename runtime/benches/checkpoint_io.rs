@@ -97,6 +97,23 @@ fn filesystem_of(dir: &Path) -> String {
         .map_or_else(|| "unknown".to_string(), |(_, what)| what)
 }
 
+/// Busy and total CPU time of the whole machine from `/proc/stat` (jiffies): how much else ran.
+fn machine_cpu() -> (u64, u64) {
+    let stat = fs::read_to_string("/proc/stat").unwrap_or_default();
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let total: u64 = fields.iter().take(8).sum();
+    // idle and iowait
+    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+    (total - idle, total)
+}
+
 fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
@@ -135,6 +152,7 @@ fn main() {
         if cold { "dropped before every measurement" } else { "warm (cannot drop it)" }
     );
 
+    let cpu_before = machine_cpu();
     let mut times: [Vec<f64>; 6] = Default::default();
     let [dd_write, ckpt_write, dd_read, ckpt_load, ckpt_two_pass, hash_only] = &mut times;
     for rep in 0..args.reps {
@@ -212,6 +230,8 @@ fn main() {
         checkpoint::prune(&checkpoints, 1).unwrap();
     }
     fs::remove_dir_all(&checkpoints).unwrap();
+    let cpu_after = machine_cpu();
+    let busy = (cpu_after.0 - cpu_before.0) as f64 / (cpu_after.1 - cpu_before.1).max(1) as f64;
 
     let mbs = |series: &[f64]| bytes as f64 / median(series) / 1e6;
     let (dd_w, ck_w, dd_r, ck_l, ck_2, sha) = (
@@ -237,7 +257,12 @@ fn main() {
         "| restore, two passes (verify, then read_file) | {dd_r:.0} | {ck_2:.0} | {:.2} |",
         ck_2 / dd_r
     );
-    println!("(SHA-256 of the same bytes in memory, one core: {sha:.0} MB/s)");
+    println!(
+        "(SHA-256 of the same bytes in memory, one core: {sha:.0} MB/s; machine CPU busy over the \
+         run: {:.0}% of {} cores)",
+        busy * 100.0,
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
     if let Some(path) = &args.json {
         let seconds = |series: &[f64]| series.to_vec();
         let report = json!({
@@ -247,6 +272,7 @@ fn main() {
             "reps": args.reps,
             "filesystem": filesystem,
             "cache_dropped": cold,
+            "machine_cpu_busy": busy,
             "write_dd_mbs": dd_w,
             "write_checkpoint_mbs": ck_w,
             "write_ratio": ck_w / dd_w,

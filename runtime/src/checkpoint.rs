@@ -539,13 +539,17 @@ impl Drop for CheckpointWriter {
     }
 }
 
-/// Computes the size and SHA-256 of what passes through, so a file is hashed while it is written
-/// rather than read back.
+/// Writes a checkpoint file, computing its size and SHA-256 on the way, so a file is hashed while
+/// it is written rather than read back.
 ///
-/// A large piece is hashed on a second thread while this one writes it: SHA-256 runs at about the
-/// speed of a fast disk, and one after the other would halve the checkpoint's write rate.
-struct HashingWriter<W> {
-    inner: W,
+/// A large piece goes three ways at once: this thread copies it into the page cache in
+/// [`IO_BUFFER_BYTES`] pieces, a second thread hashes it, and a third asks the kernel to write
+/// back what is already there (`fdatasync`) while the copy goes on. SHA-256 runs at about the speed
+/// of a fast disk: done one after the other, hashing, copying and the final fsync's writeback would
+/// each add their time (measured: 0.4 of dd's rate; in parallel the time is about the slowest of
+/// the three).
+struct HashingWriter {
+    inner: File,
     hasher: Sha256,
     size: u64,
 }
@@ -554,7 +558,10 @@ struct HashingWriter<W> {
 /// tens of microseconds, a megabyte of SHA-256 about half a millisecond).
 const PARALLEL_HASH_BYTES: usize = 256 << 10;
 
-impl<W: Write + Send> Write for HashingWriter<W> {
+/// While a large piece is written, writeback is started again after every this many bytes.
+const WRITE_BACK_BYTES: usize = 32 << 20;
+
+impl Write for HashingWriter {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         if buf.len() < PARALLEL_HASH_BYTES {
             let n = self.inner.write(buf)?;
@@ -564,13 +571,40 @@ impl<W: Write + Send> Write for HashingWriter<W> {
             return Ok(n);
         }
         let Self { inner, hasher, .. } = self;
+        let file: &File = inner;
         let (written, hashed) = thread::scope(|scope| {
             let hashing = thread::Builder::new()
                 .name("checkpoint-hash".into())
                 .spawn_scoped(scope, || hasher.update(buf));
+            // One pending request at most: a request while a writeback runs waits for it.
+            let (write_back, requests) = mpsc::sync_channel::<()>(1);
+            let syncing = thread::Builder::new().name("checkpoint-sync".into()).spawn_scoped(
+                scope,
+                move || {
+                    for () in requests {
+                        // A hint: an error here shows again at the final fsync, which fails the
+                        // add.
+                        let _ = file.sync_data();
+                    }
+                },
+            );
+            if syncing.is_err() {
+                debug!("no thread for early writeback; the final fsync does all of it");
+            }
+            let mut since_write_back = 0;
             // In pieces, as dd does: one huge write is slower (measured: a 256 MiB write(2)
             // copies into the page cache at a third of the rate of 1 MiB ones).
-            let written = buf.chunks(IO_BUFFER_BYTES).try_for_each(|piece| inner.write_all(piece));
+            let written = buf.chunks(IO_BUFFER_BYTES).try_for_each(|piece| -> io::Result<()> {
+                (&*file).write_all(piece)?;
+                since_write_back += piece.len();
+                if since_write_back >= WRITE_BACK_BYTES {
+                    since_write_back = 0;
+                    // Full: a writeback is running and one more is queued; skip this one.
+                    let _ = write_back.try_send(());
+                }
+                Ok(())
+            });
+            drop(write_back);
             match hashing.map(|handle| handle.join()) {
                 Ok(Ok(())) => (written, true),
                 // A panic in SHA-256 is a bug, not an I/O outcome: pass it on.
@@ -1405,23 +1439,24 @@ mod tests {
 
     #[test]
     fn hashing_writer_matches_a_one_shot_hash() {
-        let mut out = HashingWriter { inner: Vec::new(), hasher: Sha256::new(), size: 0 };
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("f");
+        let file = File::options().write(true).create_new(true).open(&path).unwrap();
+        let mut out = HashingWriter { inner: file, hasher: Sha256::new(), size: 0 };
         out.write_all(b"hello ").unwrap();
         out.write_all(b"world").unwrap();
-        assert_eq!(out.size, 11);
-        assert_eq!(out.inner, b"hello world");
-        assert_eq!(hex::encode(out.hasher.finalize()), hex::encode(Sha256::digest(b"hello world")));
-
-        // Large pieces are hashed on a second thread and written in pieces: same bytes, same hash.
-        let big: Vec<u8> = (0..3 * IO_BUFFER_BYTES + 5).map(|i| (i % 251) as u8).collect();
-        let mut out = HashingWriter { inner: Vec::new(), hasher: Sha256::new(), size: 0 };
-        out.write_all(b"head").unwrap();
+        // Large pieces are hashed on a second thread and written in pieces (with writeback
+        // started on the way): same bytes, same hash.
+        let big: Vec<u8> =
+            (0..WRITE_BACK_BYTES + 3 * IO_BUFFER_BYTES + 5).map(|i| (i % 251) as u8).collect();
         out.write_all(&big).unwrap();
-        let mut expected = b"head".to_vec();
+        out.write_all(b"tail").unwrap();
+        let mut expected = b"hello world".to_vec();
         expected.extend_from_slice(&big);
+        expected.extend_from_slice(b"tail");
         assert_eq!(out.size, expected.len() as u64);
-        assert!(out.inner == expected, "the bytes written differ");
         assert_eq!(hex::encode(out.hasher.finalize()), hex::encode(Sha256::digest(&expected)));
+        assert!(fs::read(&path).unwrap() == expected, "the bytes written differ");
     }
 
     #[test]

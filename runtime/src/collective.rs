@@ -931,10 +931,13 @@ fn ring_all_reduce(ring: &mut Ring, op: &OpContext, values: &mut [f32]) -> Resul
                         .map(|bytes| f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]));
                     match combine {
                         // The running sum from upstream on the left: the documented order.
-                        Combine::Add => part
-                            .iter_mut()
-                            .zip(arriving)
-                            .for_each(|(value, arrived)| *value = arrived + *value),
+                        Combine::Add => {
+                            part.iter_mut().zip(arriving).for_each(|(value, arrived)| {
+                                // Not `+=`: the upstream sum stays the left operand.
+                                let sum = arrived + *value;
+                                *value = sum;
+                            })
+                        }
                         Combine::Copy => part
                             .iter_mut()
                             .zip(arriving)
