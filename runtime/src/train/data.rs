@@ -157,7 +157,7 @@ impl Corpus {
                     bytes.extend_from_slice(word);
                 }
             }
-            bytes.extend_from_slice(if rng.next_u64() % 4 == 0 { b".\n" } else { b". " });
+            bytes.extend_from_slice(if rng.next_u64().is_multiple_of(4) { b".\n" } else { b". " });
         }
         bytes.truncate(SYNTHETIC_BYTES);
         Corpus { bytes, source: DataSource::Synthetic { bytes: SYNTHETIC_BYTES } }

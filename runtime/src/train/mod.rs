@@ -24,9 +24,8 @@
 //! threaded kernels, gemm's matmul and the large element-wise maps, split the outputs between
 //! threads, never a sum: runs with 1, 2 and 3 threads gave the same weights bit for bit); the
 //! all-reduce sums in a fixed order; AdamW is plain scalar code; and a checkpoint stores the exact
-//! bits of the weights and of AdamW's state. The thread count per rank (`--threads`, 1 by default
-//! when there are several ranks: ranks share the machine's cores) therefore changes speed, not
-//! results. Across CPU models gemm's kernels and cache blocking may differ, so resume on the same
+//! bits of the weights and of AdamW's state. The thread count per rank (`--threads`) therefore
+//! changes speed, not results. Across CPU models gemm's kernels and cache blocking may differ, so resume on the same
 //! kind of machine for bit-exact results; CUDA kernels make no such promise.
 
 pub mod data;
@@ -112,10 +111,12 @@ pub struct TrainArgs {
     /// Checkpoints kept (older ones are removed after each new one).
     #[arg(long, default_value_t = 3)]
     pub keep: usize,
-    /// CPU threads per rank for candle's kernels; default 1 when there are several ranks (they
-    /// share the machine), else every core. Results do not depend on it.
-    #[arg(long)]
-    pub threads: Option<usize>,
+    /// CPU threads per rank for candle's kernels. Results do not depend on it. More than 1
+    /// pays only for large models: with the default model 2 threads took ~3.5× the CPU time of 1
+    /// for no gain (gemm's split of small matrices and candle's spinning element-wise workers),
+    /// and ranks sharing a machine share its cores anyway.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
     /// How long a collective waits for a peer before failing (a dead peer fails sooner).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub collective_timeout: Duration,
@@ -249,7 +250,7 @@ impl TrainError {
 
 /// Runs the trainer; the exit code follows the checkpoint protocol (0 = done or stopped cleanly).
 pub fn main(args: TrainArgs) -> ExitCode {
-    pin_compute_threads(compute_threads(&args));
+    pin_compute_threads(args.threads.max(1));
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -315,18 +316,6 @@ fn run(args: TrainArgs) -> Result<(), TrainError> {
 /// Set to the thread count once the trainer re-executed itself with it (so it never loops).
 const THREADS_PINNED_VAR: &str = "FLEETMEND_TRAIN_THREADS_PINNED";
 
-/// The compute threads per rank: `--threads`, else 1 when there are several ranks (they share
-/// the machine's cores), else every core.
-fn compute_threads(args: &TrainArgs) -> usize {
-    let world: usize =
-        std::env::var("WORLD_SIZE").ok().and_then(|w| w.trim().parse().ok()).unwrap_or(1);
-    args.threads.filter(|&t| t > 0).unwrap_or(if world > 1 {
-        1
-    } else {
-        thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
-    })
-}
-
 /// candle sizes its CPU thread pools from `CANDLE_NUM_THREADS` / `RAYON_NUM_THREADS` (else the
 /// number of cores), read when first used, and its element-wise pool's idle workers spin: four
 /// ranks on two cores, each with spinning workers, ran ~5× slower. The environment of a running
@@ -385,7 +374,7 @@ fn setup(args: TrainArgs) -> Result<Setup, TrainError> {
     if args.keep == 0 {
         problems.push("--keep: must be at least 1".to_string());
     }
-    if args.threads == Some(0) {
+    if args.threads == 0 {
         problems.push("--threads: must be at least 1".to_string());
     }
     if args.collective_timeout < Duration::from_millis(10) {
@@ -434,7 +423,7 @@ fn setup(args: TrainArgs) -> Result<Setup, TrainError> {
     if !problems.is_empty() {
         return Err(TrainError::InvalidSetup { problems });
     }
-    let threads = compute_threads(&args);
+    let threads = args.threads;
     let job_id = std::env::var("FLEETMEND_JOB_ID")
         .ok()
         .filter(|id| !id.is_empty())
@@ -980,7 +969,7 @@ fn load_checkpoint(setup: &Setup, valid: &ValidCheckpoint) -> Result<StartPoint,
             state.step, setup.args.steps
         )));
     }
-    let (params, m, v) = state::read_tensors(valid, &state, &setup.specs)
+    let state::TrainTensors { params, m, v } = state::read_tensors(valid, &state, &setup.specs)
         .map_err(|e| LoadError::Unreadable(e.to_string()))?;
     let world = setup.membership.world_size;
     if state.world_size != world {

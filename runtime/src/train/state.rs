@@ -260,7 +260,7 @@ pub fn read_tensors(
     checkpoint: &ValidCheckpoint,
     state: &TrainState,
     specs: &[ParamSpec],
-) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>), ReadTrainCheckpointError> {
+) -> Result<TrainTensors, ReadTrainCheckpointError> {
     let invalid = |file, reason: String| ReadTrainCheckpointError::Invalid {
         path: checkpoint.path.clone(),
         file,
@@ -274,7 +274,18 @@ pub fn read_tensors(
     let optimizer = checkpoint.read_file(OPTIMIZER_FILE)?;
     let m = decode_tensors(&optimizer, specs, "m.").map_err(|r| invalid(OPTIMIZER_FILE, r))?;
     let v = decode_tensors(&optimizer, specs, "v.").map_err(|r| invalid(OPTIMIZER_FILE, r))?;
-    Ok((params, m, v))
+    Ok(TrainTensors { params, m, v })
+}
+
+/// The tensors of a checkpoint, flat in the fixed parameter order.
+#[derive(Debug, Clone)]
+pub struct TrainTensors {
+    /// The parameters.
+    pub params: Vec<f32>,
+    /// AdamW's first moments.
+    pub m: Vec<f32>,
+    /// AdamW's second moments.
+    pub v: Vec<f32>,
 }
 
 fn decode_tensors(bytes: &[u8], specs: &[ParamSpec], prefix: &str) -> Result<Vec<f32>, String> {
@@ -333,7 +344,7 @@ mod tests {
         assert_eq!(valid.world_size(), 4);
         let read = read_state(&valid).unwrap();
         assert_eq!(read, state);
-        let (p, m, v) = read_tensors(&valid, &read, &specs).unwrap();
+        let TrainTensors { params: p, m, v } = read_tensors(&valid, &read, &specs).unwrap();
         let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&p), bits(&snapshot.params));
         assert_eq!(bits(&m), bits(&snapshot.m));
