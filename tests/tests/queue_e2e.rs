@@ -1,0 +1,351 @@
+//! The embedded queue end to end with real processes: a repairer (`scheduler = "embedded"`), five
+//! real agents running ranks, and the real trainer. Two jobs with priorities on the fleet; a person
+//! drains the node under rank 0 of the running job → it checkpoints, is requeued at the front,
+//! resumes on healthy nodes (the spare among them) from its checkpoint, completes, and its final
+//! weights hash equals an uninterrupted run's, bit for bit. Then the second job runs.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fleetmend_tests::{
+    Running, fixture, fixture_flags, fleetmend_bin, free_port, poll_until, run_with_timeout,
+    start_agent,
+};
+use serde_json::Value;
+
+const ADMIN: &str = "admin-secret";
+const AGENT: &str = "agent-secret";
+/// Steps of the big job: long enough to drain a node in the middle of it.
+const STEPS: u64 = 40;
+const SEED: u64 = 11;
+/// Longest any run or phase of this test may take on two loaded cores (debug build).
+const PHASE_LIMIT: Duration = Duration::from_secs(180);
+
+/// The trainer's arguments, the same for the uninterrupted run and the queued one.
+fn train_argv(steps: u64) -> Vec<String> {
+    [
+        fleetmend_bin().display().to_string(),
+        "train".to_owned(),
+        "--steps".to_owned(),
+        steps.to_string(),
+        "--seed".to_owned(),
+        SEED.to_string(),
+        "--checkpoint-every".to_owned(),
+        "5".to_owned(),
+        "--collective-timeout".to_owned(),
+        "10s".to_owned(),
+    ]
+    .to_vec()
+}
+
+/// The `done` line's weights hash in a trainer's output.
+fn done_hash(output: &str) -> Option<String> {
+    let last: Value =
+        output.lines().rev().find_map(|line| serde_json::from_str::<Value>(line).ok())?;
+    (last["event"] == "done").then(|| last["weights_sha256"].as_str().unwrap_or("").to_owned())
+}
+
+/// 4 ranks of the trainer started by hand with the protocol's environment, never interrupted.
+fn uninterrupted_hash(dir: &Path) -> String {
+    let port = free_port();
+    let mut children = Vec::new();
+    for rank in 0..4 {
+        let argv = train_argv(STEPS);
+        let child = Command::new(&argv[0])
+            .args(&argv[1..])
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", "4")
+            .env("LOCAL_RANK", "0")
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .env("FLEETMEND_JOB_ID", "straight")
+            .env("FLEETMEND_CHECKPOINT_DIR", dir.join("straight-checkpoints"))
+            .env("FLEETMEND_RESTART_COUNT", "0")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        children.push(child);
+    }
+    let deadline = Instant::now() + PHASE_LIMIT;
+    let mut hashes = Vec::new();
+    for child in children {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let output = wait_output(child, left);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        hashes.push(done_hash(&String::from_utf8_lossy(&output.stdout)).expect("a done line"));
+    }
+    assert!(hashes.windows(2).all(|w| w[0] == w[1]), "ranks disagree: {hashes:?}");
+    hashes.remove(0)
+}
+
+fn wait_output(mut child: std::process::Child, limit: Duration) -> std::process::Output {
+    let done = poll_until(limit, || child.try_wait().unwrap().is_some());
+    if !done {
+        let _ = child.kill();
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn cli(repairer: SocketAddr, args: &[&str]) -> (Option<i32>, String, String) {
+    let output = run_with_timeout(
+        Command::new(fleetmend_bin())
+            .args(args)
+            .env("FLEETMEND_REPAIRER", format!("http://{repairer}"))
+            .env("FLEETMEND_TOKEN", ADMIN)
+            .env("USER", "alice"),
+        Duration::from_secs(20),
+    );
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn job(repairer: SocketAddr, id: &str) -> Value {
+    let (_, out, _) = cli(repairer, &["jobs", id, "--output", "json"]);
+    serde_json::from_str(&out).unwrap_or(Value::Null)
+}
+
+fn submit(
+    repairer: SocketAddr,
+    dir: &Path,
+    name: &str,
+    nodes: u32,
+    priority: i32,
+    steps: u64,
+) -> String {
+    let checkpoints = dir.join(format!("{name}-checkpoints"));
+    let (nodes, priority) = (nodes.to_string(), priority.to_string());
+    let mut args = vec![
+        "submit",
+        "--output",
+        "json",
+        "--name",
+        name,
+        "--nodes",
+        &nodes,
+        "--priority",
+        &priority,
+        "--max-restarts",
+        "3",
+        "--checkpoint-dir",
+        checkpoints.to_str().unwrap(),
+        "--",
+    ];
+    let argv = train_argv(steps);
+    args.extend(argv.iter().map(String::as_str));
+    let (code, out, err) = cli(repairer, &args);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let job: Value = serde_json::from_str(&out).unwrap();
+    job["id"].as_str().unwrap().to_owned()
+}
+
+struct Fleet {
+    dir: PathBuf,
+    repairer_addr: SocketAddr,
+    repairer: Running,
+    agents: Vec<Running>,
+}
+
+impl Fleet {
+    fn start(dir: &Path) -> Fleet {
+        let repairer_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let config = dir.join("repairer.toml");
+        let port_min = free_port();
+        std::fs::write(
+            &config,
+            format!(
+                "listen = \"{repairer_addr}\"\nstore = \"{store}\"\nagent_token = \"{AGENT}\"\n\
+                 admin_token = \"{ADMIN}\"\nscheduler = \"embedded\"\n\
+                 [engine]\ntick = \"100ms\"\n[engine.workflow]\ncheckpoint_grace = \"1s\"\n\
+                 [queue]\ntick = \"100ms\"\nstart_timeout = \"60s\"\ncheckpoint_grace = \"20s\"\n\
+                 stop_grace = \"20s\"\nmaster_port_min = {port_min}\nmaster_port_max = {port_max}\n",
+                store = dir.join("repairer.db").display(),
+                port_max = port_min.saturating_add(50),
+            ),
+        )
+        .unwrap();
+        let repairer = fleetmend_tests::start_repairer(
+            &config,
+            repairer_addr,
+            &dir.join("repairer.stderr"),
+            Duration::from_secs(20),
+        );
+        Fleet { dir: dir.to_owned(), repairer_addr, repairer, agents: Vec::new() }
+    }
+
+    fn jobs_dir(&self, node: &str) -> PathBuf {
+        self.dir.join(format!("jobs-{node}"))
+    }
+
+    fn start_agent(&mut self, node: &str) {
+        let case = fixture("healthy");
+        let config = self.dir.join(format!("agent-{node}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "{}\n[report]\nrepairer = \"http://{}\"\ntoken = \"{AGENT}\"\ninterval = \"300ms\"\n\
+                 [jobs]\nenabled = true\ndir = \"{}\"\nadvertise_address = \"127.0.0.1\"\nstop_grace = \"10s\"\n",
+                std::fs::read_to_string(case.join("agent.toml")).unwrap(),
+                self.repairer_addr,
+                self.jobs_dir(node).display(),
+            ),
+        )
+        .unwrap();
+        let mut flags = fixture_flags(&case);
+        flags.push(format!("--config={}", config.display()));
+        flags.push(format!("--node={node}"));
+        let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        self.agents.push(start_agent(&self.dir, listen, &args));
+    }
+
+    fn diagnostics(&self) -> String {
+        let mut text = format!("repairer stderr:\n{}\n", self.repairer.stderr());
+        for agent in &self.agents {
+            let stderr = agent.stderr();
+            let tail: Vec<&str> = stderr.lines().rev().take(15).collect();
+            text.push_str(&format!(
+                "agent:\n{}\n",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            ));
+        }
+        text
+    }
+
+    /// rank.log of `rank` of `attempt` of `job` on `node`.
+    fn rank_log(&self, node: &str, job: &str, attempt: u64, rank: u64) -> String {
+        let path = self
+            .jobs_dir(node)
+            .join(job)
+            .join(format!("attempt-{attempt}"))
+            .join(format!("rank-{rank}"))
+            .join("rank.log");
+        std::fs::read_to_string(&path).unwrap_or_else(|e| format!("<{}: {e}>", path.display()))
+    }
+}
+
+fn nodes_of(job: &Value) -> Vec<String> {
+    job["nodes"].as_array().unwrap().iter().map(|n| n.as_str().unwrap().to_owned()).collect()
+}
+
+#[test]
+fn a_drained_node_under_a_running_job_costs_no_work_and_no_bits() {
+    let dir = tempfile::tempdir().unwrap();
+    let straight = uninterrupted_hash(dir.path());
+
+    let mut fleet = Fleet::start(dir.path());
+    let addr = fleet.repairer_addr;
+    // Both jobs wait for nodes: the low-priority one was submitted first, the big one must run
+    // first all the same.
+    let small = submit(addr, dir.path(), "small", 2, 0, 6);
+    let big = submit(addr, dir.path(), "big", 4, 10, STEPS);
+    assert_eq!(job(addr, &small)["state"], "queued");
+    assert_eq!(job(addr, &big)["state"], "queued");
+    for node in ["node-1", "node-2", "node-3", "node-4", "node-5"] {
+        fleet.start_agent(node);
+    }
+
+    let running_past = |id: &str, step: u64| {
+        let job = job(addr, id);
+        job["state"] == "running" && job["step"].as_u64().is_some_and(|s| s >= step)
+    };
+    assert!(
+        poll_until(PHASE_LIMIT, || running_past(&big, 12)),
+        "the big job did not get past step 12: {:#}\n{}",
+        job(addr, &big),
+        fleet.diagnostics()
+    );
+    // Gang allocation with no backfill: one node is free, the small job needs two and waits.
+    assert_eq!(job(addr, &small)["state"], "queued", "{:#}", job(addr, &small));
+    let first = job(addr, &big);
+    let first_nodes = nodes_of(&first);
+    assert_eq!(first_nodes.len(), 4);
+
+    // A person drains the node under rank 0 (it hosts the rendezvous and writes the checkpoints).
+    let victim = first_nodes[0].clone();
+    let (code, out, err) = cli(addr, &["drain", &victim]);
+    assert_eq!(code, Some(0), "{out}{err}");
+
+    assert!(
+        poll_until(PHASE_LIMIT, || {
+            let job = job(addr, &big);
+            job["attempt"] == 1 && job["state"] == "running"
+        }),
+        "the big job was not resumed: {:#}\n{}",
+        job(addr, &big),
+        fleet.diagnostics()
+    );
+    let resumed = job(addr, &big);
+    let resumed_nodes = nodes_of(&resumed);
+    assert!(!resumed_nodes.contains(&victim), "resumed on the drained node: {resumed_nodes:?}");
+    assert_eq!(resumed["restarts"], 1);
+
+    assert!(
+        poll_until(PHASE_LIMIT, || job(addr, &big)["state"] == "completed"),
+        "the big job did not complete: {:#}\n{}",
+        job(addr, &big),
+        fleet.diagnostics()
+    );
+    let done = job(addr, &big);
+    // The first attempt was stopped by SIGTERM after a checkpoint at its last step: the second
+    // resumed exactly there and lost nothing.
+    let (first_attempt, second_attempt) = (&done["history"][0], &done["history"][1]);
+    let last_step = first_attempt["last_step"].as_u64().unwrap();
+    assert!(last_step >= 12, "{:#}", done["history"]);
+    assert_eq!(second_attempt["resumed_from_step"], last_step, "{:#}", done["history"]);
+    assert_eq!(second_attempt["steps_lost"], 0, "{:#}", done["history"]);
+    let log = fleet.rank_log(&resumed_nodes[0], &big, 1, 0);
+    assert!(log.contains("resum"), "the second attempt did not resume from a checkpoint:\n{log}");
+    assert_eq!(
+        done_hash(&log).as_deref(),
+        Some(straight.as_str()),
+        "the resumed run's weights differ from the uninterrupted run's:\n{log}"
+    );
+
+    // The small job ran once the big one was done.
+    assert!(
+        poll_until(PHASE_LIMIT, || job(addr, &small)["state"] == "completed"),
+        "the small job did not complete: {:#}\n{}",
+        job(addr, &small),
+        fleet.diagnostics()
+    );
+    let small_started = job(addr, &small)["history"][0]["started_ms"].as_u64().unwrap();
+    let big_finished = done["finished_ms"].as_u64().unwrap();
+    assert!(small_started >= big_finished, "the small job started before the big one finished");
+
+    // The audit trail tells the story in order.
+    let (_, events, _) = cli(addr, &["events", "--limit", "1000", "--output", "json"]);
+    let events: Vec<Value> = serde_json::from_str(&events).unwrap();
+    let story: Vec<&str> = events
+        .iter()
+        .filter(|e| e["reason"].as_str().is_some_and(|r| r.starts_with(&format!("job {big} "))))
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    let expected = [
+        "job-submitted",
+        "job-started",
+        "job-checkpoint-requested",
+        "job-requeued",
+        "job-started",
+        "job-completed",
+    ];
+    let mut rest = story.iter();
+    for kind in expected {
+        assert!(rest.any(|k| *k == kind), "{kind} missing or out of order in {story:?}");
+    }
+    let drained = events.iter().any(|e| e["node"] == victim.as_str() && e["to_state"] == "drained");
+    let (_, nodes, _) = cli(addr, &["nodes", "--output", "json"]);
+    assert!(drained || nodes.contains("drained"), "the drained node is not shown drained: {nodes}");
+
+    for agent in &mut fleet.agents {
+        agent.terminate(Duration::from_secs(20));
+    }
+}
