@@ -732,7 +732,7 @@ impl JobQueue {
         let waiting: Vec<Waiting<'_>> = state
             .jobs
             .values()
-            .filter(|j| j.state == JobState::Queued)
+            .filter(|j| j.state == JobState::Queued || restarting(j))
             .map(|j| Waiting {
                 id: &j.id,
                 nodes: j.spec.nodes,
@@ -740,6 +740,7 @@ impl JobQueue {
                 requeued: j.restarts > 0,
                 seq: j.seq,
                 previous_port: j.master_port,
+                stopping: restarting(j),
             })
             .collect();
         if waiting.is_empty() {
@@ -1283,4 +1284,11 @@ fn reindex(state: &mut QueueState) {
         .filter(|j| j.state.is_active())
         .flat_map(|j| j.ranks.iter().map(|r| r.node.clone()))
         .collect();
+}
+
+/// Stopping in order to be requeued (restarts remain): it keeps its place in the queue.
+fn restarting(job: &Job) -> bool {
+    job.state == JobState::Stopping
+        && job.stop.as_ref().is_some_and(|stop| stop.cause == StopCause::Restart)
+        && job.restarts < job.spec.max_restarts
 }

@@ -22,6 +22,9 @@ pub struct Waiting<'a> {
     /// The port of its previous attempt (not handed out again at once: the old rank 0 may still
     /// hold it on a node that stopped answering).
     pub previous_port: Option<u16>,
+    /// Still stopping, to be requeued at the front when its ranks are gone: it cannot start yet,
+    /// but it keeps its place, so a job behind it does not take the nodes it is about to need.
+    pub stopping: bool,
 }
 
 /// A node as placement sees it.
@@ -69,7 +72,10 @@ pub struct Blocked {
 /// The order jobs are considered in: priority (higher first), requeued before new, then FIFO.
 pub fn queue_order(jobs: &mut [Waiting<'_>]) {
     jobs.sort_by(|a, b| {
-        b.priority.cmp(&a.priority).then(b.requeued.cmp(&a.requeued)).then(a.seq.cmp(&b.seq))
+        b.priority
+            .cmp(&a.priority)
+            .then((b.requeued || b.stopping).cmp(&(a.requeued || a.stopping)))
+            .then(a.seq.cmp(&b.seq))
     });
 }
 
@@ -90,6 +96,9 @@ pub fn place(
     let mut used_ports = ports_in_use.clone();
     let mut placements = Vec::new();
     for job in order {
+        if job.stopping {
+            return (placements, None);
+        }
         let wanted = job.nodes as usize;
         if wanted > free.len() {
             let why = format!("waits for {wanted} eligible node(s): {} free", free.len());
@@ -132,7 +141,7 @@ mod tests {
     }
 
     fn job(id: &str, nodes: u32, priority: i32, seq: u64) -> Waiting<'_> {
-        Waiting { id, nodes, priority, requeued: false, seq, previous_port: None }
+        Waiting { id, nodes, priority, requeued: false, seq, previous_port: None, stopping: false }
     }
 
     fn run(jobs: &[Waiting<'_>], nodes: &[Candidate<'_>]) -> Vec<(String, Vec<String>, u16)> {
@@ -246,5 +255,27 @@ mod tests {
             why,
             Some(Blocked { job: "a".into(), why: "waits for 3 eligible node(s): 2 free".into() })
         );
+    }
+
+    #[test]
+    fn a_job_stopping_to_restart_keeps_its_place_at_the_head() {
+        let nodes = [node("a"), node("b"), node("c")];
+        let mut restarting = job("big", 4, 10, 1);
+        restarting.stopping = true;
+        let waiting = [job("small", 2, 0, 2), restarting];
+        let (placements, _) = place(&waiting, &nodes, &BTreeSet::new(), 29500..=29510, NOW, WINDOW);
+        assert!(placements.is_empty(), "{placements:?}");
+        // Behind a higher-priority job it does not block, like any waiting job of lower priority.
+        let mut low = job("low", 4, -5, 1);
+        low.stopping = true;
+        let (placements, _) = place(
+            &[job("small", 2, 0, 2), low],
+            &nodes,
+            &BTreeSet::new(),
+            29500..=29510,
+            NOW,
+            WINDOW,
+        );
+        assert_eq!(placements.len(), 1);
     }
 }
