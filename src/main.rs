@@ -92,6 +92,10 @@ enum Verb {
         /// The job's id.
         job: String,
     },
+    /// Run a whole self-healing fleet on this machine: repairer, simulated nodes, a training job.
+    Up(fleetmend_local::up::UpArgs),
+    /// Write a fault into a node of the fleet `fleetmend up` runs.
+    Inject(fleetmend_local::faults::InjectArgs),
     /// Train the bundled model (one rank; ranks meet through RANK, WORLD_SIZE, MASTER_ADDR/PORT).
     Train(fleetmend_runtime::train::TrainArgs),
     /// Show the breaker, or close it.
@@ -269,6 +273,8 @@ fn main() -> ExitCode {
         Verb::Agent(args) => agent(args),
         Verb::Repairer(args) => repairer(args),
         Verb::Train(args) => fleetmend_runtime::train::main(args),
+        Verb::Up(args) => fleetmend_local::up::main(args),
+        Verb::Inject(args) => fleetmend_local::faults::inject_main(args),
         verb => client(verb),
     }
 }
@@ -384,7 +390,7 @@ fn client(verb: Verb) -> ExitCode {
         | Verb::Undrain(node)
         | Verb::Repair { node, .. }
         | Verb::Approve { node, .. } => node.client.clone(),
-        Verb::Agent(_) | Verb::Repairer(_) | Verb::Train(_) => {
+        Verb::Agent(_) | Verb::Repairer(_) | Verb::Train(_) | Verb::Up(_) | Verb::Inject(_) => {
             return ExitCode::from(EXIT_CANNOT_RUN);
         }
     };
@@ -483,7 +489,9 @@ fn client(verb: Verb) -> ExitCode {
                     format!("{} {}: {}", job.job.id, job.job.state, job.job.reason)
                 }
             }
-            Verb::Agent(_) | Verb::Repairer(_) | Verb::Train(_) => String::new(),
+            Verb::Agent(_) | Verb::Repairer(_) | Verb::Train(_) | Verb::Up(_) | Verb::Inject(_) => {
+                String::new()
+            }
         })
     });
     match result {

@@ -1,0 +1,1 @@
+//! The `local` provider: reboot and replace for the nodes `fleetmend up` simulates.
