@@ -6,7 +6,9 @@
 //! - *write*: `dd if=/dev/zero of=dd.bin bs=1M count=N conv=fsync` (dd's own time, which includes
 //!   its fsync) against [`CheckpointWriter`]: begin, `--files` files totalling N MiB (contents
 //!   prepared in memory beforehand, as a trainer's snapshot is), commit (every file and both
-//!   directories fsynced, the manifest written, the rename).
+//!   directories fsynced, the manifest written, the rename). Twice: the files written side by
+//!   side ([`CheckpointWriter::add_files`]) and one after the other
+//!   ([`CheckpointWriter::add_file`]).
 //! - *restore*: `dd if=dd.bin of=/dev/null bs=1M` against [`checkpoint::newest_loaded`] (find the
 //!   newest checkpoint, verify and read every file into memory in one pass), and, for comparison,
 //!   the two-pass way: [`checkpoint::newest_valid`] then [`ValidCheckpoint::read_file`] of every
@@ -153,20 +155,33 @@ fn main() {
     );
 
     let cpu_before = machine_cpu();
-    let mut times: [Vec<f64>; 6] = Default::default();
-    let [dd_write, ckpt_write, dd_read, ckpt_load, ckpt_two_pass, hash_only] = &mut times;
+    let mut times: [Vec<f64>; 7] = Default::default();
+    let [dd_write, ckpt_write, ckpt_write_seq, dd_read, ckpt_load, ckpt_two_pass, hash_only] =
+        &mut times;
     for rep in 0..args.reps {
-        let step = rep as u64 + 1;
+        let step = 2 * rep as u64 + 2;
         let write_dd = || {
             drop_caches();
             dd(&["if=/dev/zero", &dd_file_arg, "bs=1M", &count_arg, "conv=fsync"])
         };
-        let write_checkpoint = || {
+        let names: Vec<String> = (0..contents.len()).map(|i| format!("part-{i}.bin")).collect();
+        // The files side by side (add_files), or one after the other (add_file); the second is
+        // written as a step before the first, so the restore reads the side-by-side one.
+        let write_checkpoint = |step: u64, side_by_side: bool| {
             drop_caches();
             let started = Instant::now();
             let mut writer = CheckpointWriter::begin(&checkpoints, step, 1, "bench").unwrap();
-            for (i, data) in contents.iter().enumerate() {
-                writer.add_file(&format!("part-{i}.bin"), data).unwrap();
+            if side_by_side {
+                let files: Vec<(&str, &[u8])> = names
+                    .iter()
+                    .map(String::as_str)
+                    .zip(contents.iter().map(Vec::as_slice))
+                    .collect();
+                writer.add_files(&files).unwrap();
+            } else {
+                for (name, data) in names.iter().zip(&contents) {
+                    writer.add_file(name, data).unwrap();
+                }
             }
             writer.commit().unwrap();
             started.elapsed().as_secs_f64()
@@ -197,12 +212,14 @@ fn main() {
         // Alternate who goes first, so neither always meets the other's leftovers.
         if rep % 2 == 0 {
             dd_write.push(write_dd());
-            ckpt_write.push(write_checkpoint());
+            ckpt_write_seq.push(write_checkpoint(step - 1, false));
+            ckpt_write.push(write_checkpoint(step, true));
             dd_read.push(read_dd());
             ckpt_load.push(load_checkpoint());
             ckpt_two_pass.push(two_pass());
         } else {
-            ckpt_write.push(write_checkpoint());
+            ckpt_write.push(write_checkpoint(step, true));
+            ckpt_write_seq.push(write_checkpoint(step - 1, false));
             dd_write.push(write_dd());
             ckpt_two_pass.push(two_pass());
             ckpt_load.push(load_checkpoint());
@@ -216,11 +233,12 @@ fn main() {
         hash_only.push(started.elapsed().as_secs_f64());
         let mbs = |secs: f64| bytes as f64 / secs / 1e6;
         eprintln!(
-            "rep {}/{}: MB/s write dd {:.0} checkpoint {:.0} | read dd {:.0} load {:.0} two-pass {:.0} | sha256 in memory {:.0}",
+            "rep {}/{}: MB/s write dd {:.0} checkpoint {:.0} (one by one {:.0}) | read dd {:.0} load {:.0} two-pass {:.0} | sha256 in memory {:.0}",
             rep + 1,
             args.reps,
             mbs(dd_write[rep]),
             mbs(ckpt_write[rep]),
+            mbs(ckpt_write_seq[rep]),
             mbs(dd_read[rep]),
             mbs(ckpt_load[rep]),
             mbs(ckpt_two_pass[rep]),
@@ -234,9 +252,10 @@ fn main() {
     let busy = (cpu_after.0 - cpu_before.0) as f64 / (cpu_after.1 - cpu_before.1).max(1) as f64;
 
     let mbs = |series: &[f64]| bytes as f64 / median(series) / 1e6;
-    let (dd_w, ck_w, dd_r, ck_l, ck_2, sha) = (
+    let (dd_w, ck_w, ck_ws, dd_r, ck_l, ck_2, sha) = (
         mbs(dd_write),
         mbs(ckpt_write),
+        mbs(ckpt_write_seq),
         mbs(dd_read),
         mbs(ckpt_load),
         mbs(ckpt_two_pass),
@@ -251,7 +270,14 @@ fn main() {
     );
     println!("| operation | dd MB/s | checkpoint MB/s | ratio |");
     println!("|---|---:|---:|---:|");
-    println!("| write + fsync | {dd_w:.0} | {ck_w:.0} | {:.2} |", ck_w / dd_w);
+    println!(
+        "| write + fsync (add_files: side by side) | {dd_w:.0} | {ck_w:.0} | {:.2} |",
+        ck_w / dd_w
+    );
+    println!(
+        "| write + fsync (add_file: one by one) | {dd_w:.0} | {ck_ws:.0} | {:.2} |",
+        ck_ws / dd_w
+    );
     println!("| restore (verify + read, one pass) | {dd_r:.0} | {ck_l:.0} | {:.2} |", ck_l / dd_r);
     println!(
         "| restore, two passes (verify, then read_file) | {dd_r:.0} | {ck_2:.0} | {:.2} |",
@@ -276,6 +302,8 @@ fn main() {
             "write_dd_mbs": dd_w,
             "write_checkpoint_mbs": ck_w,
             "write_ratio": ck_w / dd_w,
+            "write_one_by_one_mbs": ck_ws,
+            "write_one_by_one_ratio": ck_ws / dd_w,
             "read_dd_mbs": dd_r,
             "restore_load_mbs": ck_l,
             "restore_ratio": ck_l / dd_r,
@@ -285,6 +313,7 @@ fn main() {
             "seconds": {
                 "write_dd": seconds(dd_write),
                 "write_checkpoint": seconds(ckpt_write),
+                "write_checkpoint_one_by_one": seconds(ckpt_write_seq),
                 "read_dd": seconds(dd_read),
                 "restore_load": seconds(ckpt_load),
                 "restore_two_pass": seconds(ckpt_two_pass),
