@@ -53,7 +53,7 @@ use crate::checkpoint::{self, ValidCheckpoint};
 use crate::collective::{CollectiveConfig, CollectiveError, Communicator, Membership};
 use data::{BatchSpec, Corpus};
 use model::{Gpt, ModelConfig, ParamSpec, VOCAB};
-use optim::{AdamW, AdamWConfig};
+use optim::{AdamW, AdamWConfig, TrainTensors};
 use state::{RngState, STATE_FORMAT_VERSION, Snapshot, TrainState, Written};
 
 /// Exit code of a run that failed while training (a peer died, a step failed).
@@ -472,7 +472,7 @@ fn cuda_device(problems: &mut Vec<String>) -> Option<Device> {
 /// Where training starts: fresh, or from a checkpoint.
 struct StartPoint {
     step: u64,
-    params: Vec<f32>,
+    tensors: TrainTensors,
     optimizer: AdamW,
     loss: f32,
     /// The checkpoint resumed, if any.
@@ -499,7 +499,10 @@ fn train(setup: Setup, signals: &Signals) -> Result<(), TrainError> {
         None
     };
     let start = share_start_point(&setup, comm.as_mut(), resume)?;
-    let mut params = start.params;
+    // The state of the newest step, shared with a checkpoint being written; the next step is
+    // computed into a spare buffer (a recycled older state) and replaces it.
+    let mut current = Arc::new(start.tensors);
+    let mut spares: Vec<TrainTensors> = Vec::new();
     let mut optimizer = start.optimizer;
     let start_step = start.step;
     let mut done_loss = start.loss;
@@ -510,18 +513,18 @@ fn train(setup: Setup, signals: &Signals) -> Result<(), TrainError> {
         "world_size": world,
         "start_step": start_step,
         "steps": args.steps,
-        "params": params.len(),
+        "params": current.params.len(),
         "threads": setup.threads,
         "device": format!("{:?}", args.device).to_lowercase(),
         "checkpoint_dir": setup.checkpoint_dir,
     }));
     if start_step >= args.steps {
         signals.starting.store(false, Ordering::SeqCst);
-        emit_done(args.steps, done_loss, &params);
+        emit_done(args.steps, done_loss, &current.params);
         return Ok(());
     }
 
-    let model = Gpt::new(setup.config, &params, &setup.device)
+    let model = Gpt::new(setup.config, &current.params, &setup.device)
         .map_err(|source| TrainError::Compute { rank, step: start_step, source })?;
     let writer = match (&setup.checkpoint_dir, rank) {
         (Some(dir), 0) => Some(CheckpointThread::start(
@@ -540,12 +543,9 @@ fn train(setup: Setup, signals: &Signals) -> Result<(), TrainError> {
         last_write_seconds: None,
         last_stall_seconds: None,
     };
-    // From here a SIGTERM is a request to checkpoint and stop at the next step boundary.
+    // From here a SIGTERM is a request to checkpoint and stop at the next step boundary, which
+    // every rank must reach together (one rank leaving alone would fail the others).
     signals.starting.store(false, Ordering::SeqCst);
-    if signals.stop.load(Ordering::SeqCst) {
-        // Arrived between the handler switch and here; nothing trained yet.
-        return Ok(());
-    }
 
     let batch_spec = BatchSpec {
         seed: args.seed,
@@ -553,7 +553,7 @@ fn train(setup: Setup, signals: &Signals) -> Result<(), TrainError> {
         batch_size: args.batch_size,
         context: args.context,
     };
-    let mut buffer = Vec::with_capacity(params.len() + CONTROL_VALUES);
+    let mut buffer = Vec::with_capacity(current.params.len() + CONTROL_VALUES);
     let mut last_requested = start_step;
     let mut window_start = Instant::now();
     let mut window_steps = 0u64;
@@ -604,8 +604,14 @@ fn train(setup: Setup, signals: &Signals) -> Result<(), TrainError> {
                 run.committed = committed.checked_sub(1).or(run.committed);
             }
             done_loss = control[4] / world as f32;
-            optimizer.step(&mut params, &buffer);
-            model.set_params(&params).map_err(|source| TrainError::Compute {
+            let mut next = spares.pop().unwrap_or_else(|| TrainTensors::fresh(Vec::new()));
+            optimizer.step(&current, &buffer, &mut next);
+            let previous = std::mem::replace(&mut current, Arc::new(next));
+            // Not unique while a checkpoint still writes it: it is recycled when that is done.
+            if let Ok(previous) = Arc::try_unwrap(previous) {
+                spares.push(previous);
+            }
+            model.set_params(&current.params).map_err(|source| TrainError::Compute {
                 rank,
                 step,
                 source,
@@ -615,9 +621,9 @@ fn train(setup: Setup, signals: &Signals) -> Result<(), TrainError> {
 
             if checkpoint_now || stop_now {
                 last_requested = step;
-                run.checkpoint(&setup, step, done_loss, &params, &optimizer)?;
+                run.checkpoint(&setup, step, done_loss, &current, &optimizer, &mut spares)?;
             }
-            run.poll_writes();
+            run.poll_writes(&mut spares);
             let due = last_progress.is_none_or(|at| at.elapsed() >= args.progress_interval);
             if due || stop_now || step == args.steps {
                 let elapsed = window_start.elapsed().as_secs_f64().max(1e-9);
@@ -660,9 +666,9 @@ fn train(setup: Setup, signals: &Signals) -> Result<(), TrainError> {
             let step = stopped_at.unwrap_or(args.steps);
             // The end of a run is a checkpoint too: a resumed run with the same --steps is done.
             if stopped_at.is_none() && last_requested != step {
-                run.checkpoint(&setup, step, done_loss, &params, &optimizer)?;
+                run.checkpoint(&setup, step, done_loss, &current, &optimizer, &mut spares)?;
             }
-            let failure = run.finish_writes();
+            let failure = run.finish_writes(&mut spares);
             if let Some(reason) = failure {
                 return Err(TrainError::Checkpoint { step, reason });
             }
@@ -673,15 +679,15 @@ fn train(setup: Setup, signals: &Signals) -> Result<(), TrainError> {
                     "step": step,
                     "loss": done_loss,
                     "checkpoint_step": run.committed,
-                    "weights_sha256": state::weights_sha256(&params),
+                    "weights_sha256": state::weights_sha256(&current.params),
                 })),
-                None => emit_done(args.steps, done_loss, &params),
+                None => emit_done(args.steps, done_loss, &current.params),
             }
             Ok(())
         }
         Err(err) => {
             // A checkpoint already being written is finished: it is valid work.
-            let _ = run.finish_writes();
+            let _ = run.finish_writes(&mut spares);
             Err(err)
         }
     }
@@ -710,15 +716,18 @@ struct RunState {
 }
 
 impl RunState {
-    /// Rank 0: copies the state and hands it to the writer (waiting for a write still in
-    /// flight). Other ranks: nothing.
+    /// Rank 0: hands the state of `step` to the writer (after the write still in flight, if
+    /// any, is done). The tensors are shared, not copied: the stall is the wait and the
+    /// bookkeeping. Other ranks: nothing.
+    #[allow(clippy::too_many_arguments)]
     fn checkpoint(
         &mut self,
         setup: &Setup,
         step: u64,
         loss: f32,
-        params: &[f32],
+        tensors: &Arc<TrainTensors>,
         optimizer: &AdamW,
+        spares: &mut Vec<TrainTensors>,
     ) -> Result<(), TrainError> {
         let Some(writer) = self.writer.as_mut() else {
             return Ok(());
@@ -742,35 +751,37 @@ impl RunState {
                 model: setup.config,
                 data: setup.corpus.source().clone(),
                 loss,
+                // Hashed by the writer: hashing is part of the write, not of the stall.
                 weights_sha256: String::new(),
             },
-            params: params.to_vec(),
-            m: optimizer.m.clone(),
-            v: optimizer.v.clone(),
+            tensors: Arc::clone(tensors),
         };
         let stall_seconds = stall.elapsed().as_secs_f64();
         writer.submit(snapshot, stall_seconds)?;
         if let Some(done) = earlier {
-            self.record(done);
+            self.record(done, spares);
         }
         Ok(())
     }
 
-    fn poll_writes(&mut self) {
+    fn poll_writes(&mut self, spares: &mut Vec<TrainTensors>) {
         if let Some(done) = self.writer.as_mut().and_then(CheckpointThread::poll) {
-            self.record(done);
+            self.record(done, spares);
         }
     }
 
     /// Waits for the write in flight; the reason of a failed one.
-    fn finish_writes(&mut self) -> Option<String> {
+    fn finish_writes(&mut self, spares: &mut Vec<TrainTensors>) -> Option<String> {
         let done = self.writer.as_mut().and_then(CheckpointThread::wait)?;
         let failure = done.outcome.as_ref().err().cloned();
-        self.record(done);
+        self.record(done, spares);
         failure
     }
 
-    fn record(&mut self, done: WriteDone) {
+    fn record(&mut self, done: WriteDone, spares: &mut Vec<TrainTensors>) {
+        if let Ok(tensors) = Arc::try_unwrap(done.tensors) {
+            spares.push(tensors);
+        }
         match done.outcome {
             Ok(written) => {
                 self.committed = Some(written.step);
@@ -800,6 +811,8 @@ impl RunState {
 /// A finished background write.
 struct WriteDone {
     step: u64,
+    /// The tensors written, back for reuse as a spare buffer.
+    tensors: Arc<TrainTensors>,
     stall_seconds: f64,
     outcome: Result<Written, String>,
     /// Checkpoints removed to keep the last K.
@@ -828,8 +841,7 @@ impl CheckpointThread {
             .spawn(move || {
                 for (mut snapshot, stall_seconds) in job_receiver {
                     let step = snapshot.state.step;
-                    // Hashing is part of the write, not of the stall.
-                    snapshot.state.weights_sha256 = state::weights_sha256(&snapshot.params);
+                    snapshot.state.weights_sha256 = state::weights_sha256(&snapshot.tensors.params);
                     let outcome = state::write_checkpoint(&dir, &job_id, &specs, &snapshot)
                         .map_err(|e| e.to_string());
                     let pruned = match &outcome {
@@ -842,7 +854,8 @@ impl CheckpointThread {
                         },
                         Err(_) => Vec::new(),
                     };
-                    let done = WriteDone { step, stall_seconds, outcome, pruned };
+                    let tensors = snapshot.tensors;
+                    let done = WriteDone { step, tensors, stall_seconds, outcome, pruned };
                     if result_sender.send(done).is_err() {
                         return;
                     }
@@ -969,7 +982,7 @@ fn load_checkpoint(setup: &Setup, valid: &ValidCheckpoint) -> Result<StartPoint,
             state.step, setup.args.steps
         )));
     }
-    let state::TrainTensors { params, m, v } = state::read_tensors(valid, &state, &setup.specs)
+    let tensors = state::read_tensors(valid, &state, &setup.specs)
         .map_err(|e| LoadError::Unreadable(e.to_string()))?;
     let world = setup.membership.world_size;
     if state.world_size != world {
@@ -992,8 +1005,8 @@ fn load_checkpoint(setup: &Setup, valid: &ValidCheckpoint) -> Result<StartPoint,
     }
     Ok(StartPoint {
         step: state.step,
-        params,
-        optimizer: AdamW { config: setup.optimizer, t: state.adam_t, m, v },
+        tensors,
+        optimizer: AdamW { config: setup.optimizer, t: state.adam_t },
         loss: state.loss,
         checkpoint_step: Some(state.step),
     })
@@ -1027,8 +1040,8 @@ fn share_start_point(
 ) -> Result<StartPoint, TrainError> {
     let fresh = || StartPoint {
         step: 0,
-        params: model::initial_params(&setup.config, setup.args.seed),
-        optimizer: AdamW::new(setup.optimizer, setup.config.param_count()),
+        tensors: TrainTensors::fresh(model::initial_params(&setup.config, setup.args.seed)),
+        optimizer: AdamW::new(setup.optimizer),
         loss: f32::NAN,
         checkpoint_step: None,
     };
@@ -1064,7 +1077,8 @@ fn share_start_point(
         payload.extend_from_slice(&(json.len() as u64).to_le_bytes());
         payload.extend_from_slice(&json);
         if let Some(point) = tensors {
-            for values in [&point.params, &point.optimizer.m, &point.optimizer.v] {
+            let tensors = &point.tensors;
+            for values in [&tensors.params, &tensors.m, &tensors.v] {
                 values.iter().for_each(|x| payload.extend_from_slice(&x.to_le_bytes()));
             }
         }
@@ -1123,13 +1137,12 @@ fn share_start_point(
     }
     Ok(StartPoint {
         step,
-        params: floats[..n].to_vec(),
-        optimizer: AdamW {
-            config: setup.optimizer,
-            t: adam_t,
+        tensors: TrainTensors {
+            params: floats[..n].to_vec(),
             m: floats[n..2 * n].to_vec(),
             v: floats[2 * n..].to_vec(),
         },
+        optimizer: AdamW { config: setup.optimizer, t: adam_t },
         loss,
         checkpoint_step,
     })

@@ -29,28 +29,47 @@ impl AdamWConfig {
     }
 }
 
-/// AdamW's state.
+/// What training updates each step: the parameters and AdamW's moments, flat in the model's
+/// fixed order. Updated out of place (from one buffer into another), so a checkpoint can hold on
+/// to the state of its step while training writes the next one elsewhere: no copy at the step
+/// boundary.
 #[derive(Debug, Clone, PartialEq)]
+pub struct TrainTensors {
+    /// The parameters.
+    pub params: Vec<f32>,
+    /// AdamW's first moments.
+    pub m: Vec<f32>,
+    /// AdamW's second moments.
+    pub v: Vec<f32>,
+}
+
+impl TrainTensors {
+    /// `params` with zero moments (the start of training).
+    pub fn fresh(params: Vec<f32>) -> Self {
+        let n = params.len();
+        TrainTensors { params, m: vec![0.0; n], v: vec![0.0; n] }
+    }
+}
+
+/// AdamW: its hyperparameters and step count; the moments live in [`TrainTensors`].
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamW {
     /// Hyperparameters.
     pub config: AdamWConfig,
     /// Steps taken.
     pub t: u64,
-    /// First moments, one per parameter.
-    pub m: Vec<f32>,
-    /// Second moments, one per parameter.
-    pub v: Vec<f32>,
 }
 
 impl AdamW {
-    /// Fresh state for `params` parameters.
-    pub fn new(config: AdamWConfig, params: usize) -> Self {
-        AdamW { config, t: 0, m: vec![0.0; params], v: vec![0.0; params] }
+    /// A fresh optimizer.
+    pub fn new(config: AdamWConfig) -> Self {
+        AdamW { config, t: 0 }
     }
 
-    /// One update of `params` with `grads` (same length); returns the gradients' L2 norm before
+    /// One update: `into` becomes `from` updated with `grads` (same length; `into`'s old contents
+    /// are overwritten, its vectors resized when needed). Returns the gradients' L2 norm before
     /// clipping.
-    pub fn step(&mut self, params: &mut [f32], grads: &[f32]) -> f64 {
+    pub fn step(&mut self, from: &TrainTensors, grads: &[f32], into: &mut TrainTensors) -> f64 {
         let c = self.config;
         // Summed in f64 in index order: one fixed order, and no precision loss over ~10⁵ terms.
         let norm = grads.iter().map(|&g| f64::from(g) * f64::from(g)).sum::<f64>().sqrt();
@@ -63,11 +82,19 @@ impl AdamW {
         let decay = (1.0 - c.lr * c.weight_decay) as f32;
         let (clip, beta1, beta2) = (clip as f32, c.beta1 as f32, c.beta2 as f32);
         let eps = (c.eps * bias2.sqrt()) as f32;
-        for (((p, &g), m), v) in params.iter_mut().zip(grads).zip(&mut self.m).zip(&mut self.v) {
+        let n = from.params.len();
+        for out in [&mut into.params, &mut into.m, &mut into.v] {
+            out.resize(n, 0.0);
+        }
+        let inputs = from.params.iter().zip(&from.m).zip(&from.v).zip(grads);
+        let outputs = into.params.iter_mut().zip(&mut into.m).zip(&mut into.v);
+        for ((((&p, &m), &v), &g), ((p_out, m_out), v_out)) in inputs.zip(outputs) {
             let g = g * clip;
-            *m = beta1 * *m + (1.0 - beta1) * g;
-            *v = beta2 * *v + (1.0 - beta2) * g * g;
-            *p = *p * decay - step_size * *m / (v.sqrt() + eps);
+            let m = beta1 * m + (1.0 - beta1) * g;
+            let v = beta2 * v + (1.0 - beta2) * g * g;
+            *p_out = p * decay - step_size * m / (v.sqrt() + eps);
+            *m_out = m;
+            *v_out = v;
         }
         norm
     }
@@ -80,9 +107,10 @@ mod tests {
     #[test]
     fn first_step_moves_each_parameter_by_about_lr_against_its_gradient() {
         let config = AdamWConfig { weight_decay: 0.0, grad_clip: 0.0, ..AdamWConfig::with_lr(0.1) };
-        let mut opt = AdamW::new(config, 3);
-        let mut params = vec![1.0f32, 1.0, 1.0];
-        opt.step(&mut params, &[0.5, -2.0, 0.0]);
+        let mut opt = AdamW::new(config);
+        let mut out = TrainTensors::fresh(Vec::new());
+        opt.step(&TrainTensors::fresh(vec![1.0f32, 1.0, 1.0]), &[0.5, -2.0, 0.0], &mut out);
+        let params = out.params;
         assert_eq!(opt.t, 1);
         // Bias-corrected first step: m̂/√v̂ = sign(g).
         assert!((params[0] - 0.9).abs() < 1e-5, "{params:?}");
@@ -93,9 +121,10 @@ mod tests {
     #[test]
     fn weight_decay_and_clipping() {
         let config = AdamWConfig { grad_clip: 1.0, ..AdamWConfig::with_lr(0.1) };
-        let mut opt = AdamW::new(config, 2);
-        let mut params = vec![2.0f32, 0.0];
-        let norm = opt.step(&mut params, &[0.0, 30.0]);
+        let mut opt = AdamW::new(config);
+        let mut out = TrainTensors::fresh(Vec::new());
+        let norm = opt.step(&TrainTensors::fresh(vec![2.0f32, 0.0]), &[0.0, 30.0], &mut out);
+        let params = out.params;
         assert!((norm - 30.0).abs() < 1e-9);
         // Decay only on the first; the second moves by ~lr whatever the gradient's size.
         assert!((params[0] - 2.0 * (1.0 - 0.1 * 0.01)).abs() < 1e-6, "{params:?}");
@@ -108,23 +137,25 @@ mod tests {
             (0..100).map(|i| ((i * 31 + k * 17) % 23) as f32 / 7.0 - 1.5).collect()
         };
         let config = AdamWConfig::with_lr(0.01);
-        let mut straight = AdamW::new(config, 100);
-        let mut params = vec![0.5f32; 100];
-        for k in 0..10 {
-            straight.step(&mut params, &grads(k));
-        }
-        let mut first = AdamW::new(config, 100);
-        let mut resumed_params = vec![0.5f32; 100];
-        for k in 0..4 {
-            first.step(&mut resumed_params, &grads(k));
-        }
-        // What a checkpoint keeps: t, m, v, params (plain copies).
-        let mut second = AdamW { config, t: first.t, m: first.m.clone(), v: first.v.clone() };
-        for k in 4..10 {
-            second.step(&mut resumed_params, &grads(k));
-        }
+        let run = |opt: &mut AdamW, mut state: TrainTensors, steps: std::ops::Range<usize>| {
+            let mut spare = TrainTensors::fresh(Vec::new());
+            for k in steps {
+                opt.step(&state, &grads(k), &mut spare);
+                std::mem::swap(&mut state, &mut spare);
+            }
+            state
+        };
+        let mut straight = AdamW::new(config);
+        let straight_state = run(&mut straight, TrainTensors::fresh(vec![0.5f32; 100]), 0..10);
+        let mut first = AdamW::new(config);
+        let halfway = run(&mut first, TrainTensors::fresh(vec![0.5f32; 100]), 0..4);
+        // What a checkpoint keeps: t and plain copies of the tensors.
+        let mut second = AdamW { config, t: first.t };
+        let resumed_state = run(&mut second, halfway.clone(), 4..10);
         assert_eq!(second, straight);
         let bits = |p: &[f32]| p.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&resumed_params), bits(&params));
+        assert_eq!(bits(&resumed_state.params), bits(&straight_state.params));
+        assert_eq!(bits(&resumed_state.m), bits(&straight_state.m));
+        assert_eq!(bits(&resumed_state.v), bits(&straight_state.v));
     }
 }

@@ -15,11 +15,12 @@ use sha2::{Digest, Sha256};
 
 use super::data::DataSource;
 use super::model::{ModelConfig, ParamSpec};
-use super::optim::AdamWConfig;
+use super::optim::{AdamWConfig, TrainTensors};
 use crate::checkpoint::{
     AddCheckpointFileError, BeginCheckpointError, CheckpointWriter, CommitCheckpointError,
     ReadCheckpointFileError, ValidCheckpoint,
 };
+use std::sync::Arc;
 
 /// The parameters.
 pub const MODEL_FILE: &str = "model.safetensors";
@@ -89,17 +90,14 @@ impl RngState {
     }
 }
 
-/// The in-memory copy taken at a step boundary: everything a checkpoint writes.
+/// What a checkpoint writes, taken at a step boundary: the tensors are shared, not copied
+/// (training updates the next step into other buffers).
 #[derive(Debug, Clone)]
 pub struct Snapshot {
     /// `state.json`.
     pub state: TrainState,
-    /// Parameters, flat in the fixed order.
-    pub params: Vec<f32>,
-    /// AdamW's first moments.
-    pub m: Vec<f32>,
-    /// AdamW's second moments.
-    pub v: Vec<f32>,
+    /// Parameters and AdamW's moments at `state.step`.
+    pub tensors: Arc<TrainTensors>,
 }
 
 /// SHA-256 of `params` as f32 little-endian bytes, lowercase hex.
@@ -162,10 +160,11 @@ pub fn write_checkpoint(
     let started = Instant::now();
     let step = snapshot.state.step;
     let world = u32::try_from(snapshot.state.world_size).unwrap_or(u32::MAX);
-    let model = encode_tensors(specs, &[("", &snapshot.params)])
+    let tensors = &snapshot.tensors;
+    let model = encode_tensors(specs, &[("", &tensors.params)])
         .map_err(|reason| WriteTrainCheckpointError::Encode { step, file: MODEL_FILE, reason })?;
     let optimizer =
-        encode_tensors(specs, &[("m.", &snapshot.m), ("v.", &snapshot.v)]).map_err(|reason| {
+        encode_tensors(specs, &[("m.", &tensors.m), ("v.", &tensors.v)]).map_err(|reason| {
             WriteTrainCheckpointError::Encode { step, file: OPTIMIZER_FILE, reason }
         })?;
     let state = serde_json::to_vec_pretty(&snapshot.state).map_err(|e| {
@@ -277,17 +276,6 @@ pub fn read_tensors(
     Ok(TrainTensors { params, m, v })
 }
 
-/// The tensors of a checkpoint, flat in the fixed parameter order.
-#[derive(Debug, Clone)]
-pub struct TrainTensors {
-    /// The parameters.
-    pub params: Vec<f32>,
-    /// AdamW's first moments.
-    pub m: Vec<f32>,
-    /// AdamW's second moments.
-    pub v: Vec<f32>,
-}
-
 fn decode_tensors(bytes: &[u8], specs: &[ParamSpec], prefix: &str) -> Result<Vec<f32>, String> {
     let file = safetensors::SafeTensors::deserialize(bytes).map_err(|e| e.to_string())?;
     let mut flat = Vec::with_capacity(specs.iter().map(ParamSpec::len).sum());
@@ -336,7 +324,8 @@ mod tests {
             loss: 2.5,
             weights_sha256: weights_sha256(&params),
         };
-        let snapshot = Snapshot { state: state.clone(), params: params.clone(), m, v };
+        let snapshot =
+            Snapshot { state: state.clone(), tensors: Arc::new(TrainTensors { params, m, v }) };
         let dir = tempfile::tempdir().unwrap();
         let written = write_checkpoint(dir.path(), "job", &specs, &snapshot).unwrap();
         assert_eq!(written.step, 12);
@@ -346,8 +335,8 @@ mod tests {
         assert_eq!(read, state);
         let TrainTensors { params: p, m, v } = read_tensors(&valid, &read, &specs).unwrap();
         let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&p), bits(&snapshot.params));
-        assert_eq!(bits(&m), bits(&snapshot.m));
-        assert_eq!(bits(&v), bits(&snapshot.v));
+        assert_eq!(bits(&p), bits(&snapshot.tensors.params));
+        assert_eq!(bits(&m), bits(&snapshot.tensors.m));
+        assert_eq!(bits(&v), bits(&snapshot.tensors.v));
     }
 }
