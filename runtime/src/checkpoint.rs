@@ -1295,6 +1295,9 @@ fn hash_files(
 fn read_and_hash_file(path: &Path, expected_size: u64) -> io::Result<(u64, String, Vec<u8>)> {
     let mut file = File::open(path)?;
     let capacity = usize::try_from(expected_size).map_err(io::Error::other)?;
+    // An error, not an abort, for a file larger than memory can hold; then zeroed memory, which
+    // the allocator gets from the kernel already zeroed (no pass over it here).
+    Vec::<u8>::new().try_reserve_exact(capacity).map_err(io::Error::other)?;
     let mut bytes = vec![0u8; capacity];
     let mut hasher = Sha256::new();
     let pipelined = thread::scope(|scope| {
