@@ -43,6 +43,8 @@ const PORT_ENV: &str = "FLEETMEND_BENCH_PORT";
 const CHUNK_ENV: &str = "FLEETMEND_BENCH_CHUNK_BYTES";
 /// One launch of a world or a TCP pair may take this long before it is killed.
 const LAUNCH_LIMIT: Duration = Duration::from_secs(300);
+/// Launches of a world or a TCP pair before giving up.
+const LAUNCH_ATTEMPTS: usize = 3;
 /// The socket I/O size of the TCP baseline: the collective's default frame payload.
 const IO_BYTES: usize = 1 << 20;
 
@@ -161,9 +163,12 @@ fn parent() {
     for rep in 1..=args.reps {
         for (world, [tcp, ring, bus]) in &mut results {
             let link_bytes = ring_bytes_per_rank(bytes, *world);
-            tcp.samples.extend(tcp_stream(link_bytes, args.iters));
-            ring.samples.extend(tcp_ring(*world, link_bytes, args.iters));
-            bus.samples.extend(all_reduce(*world, elems, args.iters, args.chunk_kib * 1024));
+            tcp.samples.extend(with_retries("tcp stream", || tcp_stream(link_bytes, args.iters)));
+            ring.samples
+                .extend(with_retries("tcp ring", || tcp_ring(*world, link_bytes, args.iters)));
+            bus.samples.extend(with_retries("all-reduce", || {
+                all_reduce(*world, elems, args.iters, args.chunk_kib * 1024)
+            }));
             eprintln!(
                 "rep {rep}/{}: {world} ranks GB/s: tcp stream {} | tcp ring {} | all-reduce bus {}",
                 args.reps,
@@ -309,8 +314,9 @@ fn child(role: &str, envs: &[(&str, String)]) -> Child {
     command.spawn().unwrap()
 }
 
-/// Collects the JSON lines each child prints until it exits; kills them all past the limit.
-fn wait_children(mut children: Vec<Child>) -> Vec<Vec<Value>> {
+/// Collects the JSON lines each child prints until it exits; kills them all past the limit. An
+/// error names the children that failed.
+fn wait_children(mut children: Vec<Child>) -> Result<Vec<Vec<Value>>, String> {
     let (lines, received) = mpsc::channel();
     for (index, child) in children.iter_mut().enumerate() {
         let stdout = child.stdout.take().unwrap();
@@ -342,11 +348,32 @@ fn wait_children(mut children: Vec<Child>) -> Vec<Vec<Value>> {
             }
         }
     }
+    let mut failed = Vec::new();
     for (index, child) in children.iter_mut().enumerate() {
         let status = child.wait().unwrap();
-        assert!(status.success(), "child {index} failed: {status}");
+        if !status.success() {
+            failed.push(format!("child {index}: {status}"));
+        }
     }
-    outputs
+    if failed.is_empty() { Ok(outputs) } else { Err(failed.join(", ")) }
+}
+
+/// Runs one launch (a world or a TCP pair) again when it failed: the ports are picked free and
+/// then released, and another process on the machine can take one in between.
+fn with_retries(
+    what: &str,
+    mut launch: impl FnMut() -> Result<Vec<Sample>, String>,
+) -> Vec<Sample> {
+    for attempt in 1..=LAUNCH_ATTEMPTS {
+        match launch() {
+            Ok(samples) => return samples,
+            Err(error) if attempt < LAUNCH_ATTEMPTS => {
+                eprintln!("{what}: launch {attempt} failed ({error}); trying again");
+            }
+            Err(error) => panic!("{what}: {LAUNCH_ATTEMPTS} launches failed, the last: {error}"),
+        }
+    }
+    unreachable!("the loop returns or panics")
 }
 
 /// Per timed operation: the slowest process's seconds and the CPU seconds of all of them, from
@@ -372,7 +399,7 @@ fn samples(outputs: &[Vec<Value>], iters: usize) -> Vec<Sample> {
 }
 
 /// One sender and one receiver process stream `bytes`, `iters` times.
-fn tcp_stream(bytes: usize, iters: usize) -> Vec<Sample> {
+fn tcp_stream(bytes: usize, iters: usize) -> Result<Vec<Sample>, String> {
     let port = free_port();
     let envs = [
         (BYTES_ENV, bytes.to_string()),
@@ -383,14 +410,18 @@ fn tcp_stream(bytes: usize, iters: usize) -> Vec<Sample> {
     let mut receiver = child("tcp-recv", &envs);
     let mut first = String::new();
     BufReader::new(receiver.stdout.as_mut().unwrap()).read_line(&mut first).unwrap();
-    assert!(first.contains("listening"), "receiver said {first:?}");
+    if !first.contains("listening") {
+        let _ = receiver.kill();
+        let _ = receiver.wait();
+        return Err(format!("the receiver said {first:?}"));
+    }
     let sender = child("tcp-send", &envs);
-    samples(&wait_children(vec![receiver, sender]), iters)
+    Ok(samples(&wait_children(vec![receiver, sender])?, iters))
 }
 
 /// `world` processes in a ring each send `bytes` to the next while receiving `bytes` from the
 /// previous: the all-reduce's traffic without the reduction, `iters` times.
-fn tcp_ring(world: usize, bytes: usize, iters: usize) -> Vec<Sample> {
+fn tcp_ring(world: usize, bytes: usize, iters: usize) -> Result<Vec<Sample>, String> {
     let ports: Vec<String> = (0..world).map(|_| free_port().to_string()).collect();
     let children = (0..world)
         .map(|rank| {
@@ -405,11 +436,16 @@ fn tcp_ring(world: usize, bytes: usize, iters: usize) -> Vec<Sample> {
             )
         })
         .collect();
-    samples(&wait_children(children), iters)
+    Ok(samples(&wait_children(children)?, iters))
 }
 
 /// `world` rank processes meet and run `iters` timed all-reduces of `elems` floats each.
-fn all_reduce(world: usize, elems: usize, iters: usize, chunk_bytes: usize) -> Vec<Sample> {
+fn all_reduce(
+    world: usize,
+    elems: usize,
+    iters: usize,
+    chunk_bytes: usize,
+) -> Result<Vec<Sample>, String> {
     let port = free_port();
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
     let children = (0..world)
@@ -429,7 +465,7 @@ fn all_reduce(world: usize, elems: usize, iters: usize, chunk_bytes: usize) -> V
             )
         })
         .collect();
-    samples(&wait_children(children), iters)
+    Ok(samples(&wait_children(children)?, iters))
 }
 
 // ---------------------------------------------------------------------------------------------
