@@ -1,6 +1,24 @@
-//! `fleetmend up`.
+//! `fleetmend up`: a whole self-healing fleet on this machine — the repairer with its embedded
+//! queue (in this process), one real agent process per simulated node on its own host tree, and a
+//! training job over the nodes — shown live until the job ends or Ctrl-C stops everything.
 
+pub mod fleet;
+pub mod supervisor;
+pub mod view;
+
+use std::io::{IsTerminal, Write};
+use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
+
+use fleetmend_repairer::queue::JobState;
+use tokio::signal::unix::{SignalKind, signal};
+
+pub use self::fleet::{FinalLine, Fleet, FleetConfig, FleetError, NodeView};
+pub use self::supervisor::{Role, Supervisor};
+use self::view::View;
 
 /// The flags of `fleetmend up`.
 #[derive(Debug, Clone, clap::Args)]
@@ -8,10 +26,254 @@ pub struct UpArgs {
     /// Nodes that run the job.
     #[arg(long, default_value_t = 4)]
     pub nodes: u32,
+    /// Standby nodes that replace broken ones.
+    #[arg(long, default_value_t = 1)]
+    pub spares: u32,
+    /// Where the fleet keeps its state (node trees, the repairer's store, tokens, checkpoints).
+    /// Default: $FLEETMEND_UP_DIR, else ./fleetmend-up.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Training steps of the job.
+    #[arg(long, default_value_t = 300)]
+    pub steps: u64,
+    /// The job's checkpoint interval: N steps or `auto`.
+    #[arg(long, default_value = "10", value_name = "N|auto")]
+    pub checkpoint_every: String,
+    /// The trainer's seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Restarts the job may use before it fails.
+    #[arg(long, default_value_t = 10)]
+    pub max_restarts: u32,
+    /// The repairer's listen address (default: a free port on 127.0.0.1).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// Start afresh: remove what an earlier run left in the state directory.
+    #[arg(long)]
+    pub fresh: bool,
+    /// The agents' report interval.
+    #[arg(long, default_value = "300ms", value_parser = humantime::parse_duration)]
+    pub report_interval: Duration,
+    /// How long a simulated reboot keeps a node down.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub boot_delay: Duration,
+    /// Run the fleet without a job (until Ctrl-C).
+    #[arg(long)]
+    pub no_job: bool,
 }
 
-/// Runs `fleetmend up` until Ctrl-C (or the scenario's end).
+/// Exit status when the job failed or was cancelled.
+const EXIT_JOB_FAILED: u8 = 1;
+/// Exit status when the fleet could not start.
+const EXIT_CANNOT_RUN: u8 = 2;
+/// Exit status after SIGINT (128 + 2) and SIGTERM (128 + 15), as a shell reports them.
+const EXIT_SIGINT: u8 = 130;
+const EXIT_SIGTERM: u8 = 143;
+
+/// The view's pace on a terminal, and of the plain log.
+const TTY_REFRESH: Duration = Duration::from_secs(1);
+const LOG_REFRESH: Duration = Duration::from_millis(200);
+
+/// Runs `fleetmend up` until the job ends or Ctrl-C.
 pub fn main(args: UpArgs) -> ExitCode {
-    eprintln!("fleetmend up: not built yet ({} nodes)", args.nodes);
-    ExitCode::from(2)
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("fleetmend up: starting the async runtime: {err}");
+            return ExitCode::from(EXIT_CANNOT_RUN);
+        }
+    };
+    runtime.block_on(run(args))
+}
+
+/// Sends the process's stderr (the repairer's logs) to a file while the screen is redrawn, and
+/// back when dropped.
+struct StderrToFile {
+    saved: Option<OwnedFd>,
+}
+
+impl StderrToFile {
+    fn to(path: &std::path::Path) -> StderrToFile {
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(path);
+        let saved = file.ok().and_then(|file| {
+            let saved = nix::unistd::dup(std::io::stderr()).ok()?;
+            nix::unistd::dup2_stderr(&file).ok()?;
+            Some(saved)
+        });
+        StderrToFile { saved }
+    }
+
+    /// Writes `text` to the terminal's stderr (the original one).
+    fn say(&self, text: &str) {
+        match &self.saved {
+            Some(fd) => {
+                if let Ok(fd) = fd.try_clone() {
+                    let mut file = std::fs::File::from(fd);
+                    let _ = writeln!(file, "{text}");
+                }
+            }
+            None => eprintln!("{text}"),
+        }
+    }
+}
+
+impl Drop for StderrToFile {
+    fn drop(&mut self) {
+        if let Some(saved) = self.saved.take() {
+            let _ = nix::unistd::dup2_stderr(&saved);
+        }
+    }
+}
+
+/// How the main loop ended.
+enum End {
+    Job(JobState),
+    Signal(u8, &'static str),
+}
+
+async fn run(args: UpArgs) -> ExitCode {
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(err) => {
+            eprintln!("fleetmend up: finding the fleetmend executable: {err}");
+            return ExitCode::from(EXIT_CANNOT_RUN);
+        }
+    };
+    let state_dir = FleetConfig::default_state_dir(args.state_dir.clone());
+    let config = FleetConfig {
+        nodes: args.nodes,
+        spares: args.spares,
+        job: !args.no_job,
+        steps: args.steps,
+        checkpoint_every: args.checkpoint_every.clone(),
+        seed: args.seed,
+        max_restarts: args.max_restarts,
+        listen: args.listen,
+        fresh: args.fresh,
+        report_interval: args.report_interval,
+        boot_delay: args.boot_delay,
+        ..FleetConfig::new(state_dir.clone(), exe)
+    };
+    // Registered before anything starts: a Ctrl-C during the start is seen once it is done, and
+    // stops what was started.
+    let (mut sigint, mut sigterm) =
+        match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
+            (Ok(int), Ok(term)) => (int, term),
+            (Err(err), _) | (_, Err(err)) => {
+                eprintln!("fleetmend up: listening for signals: {err}");
+                return ExitCode::from(EXIT_CANNOT_RUN);
+            }
+        };
+    let tty = std::io::stdout().is_terminal();
+    let stderr = if tty {
+        if let Err(err) = std::fs::create_dir_all(&state_dir) {
+            eprintln!("fleetmend up: creating {}: {err}", state_dir.display());
+            return ExitCode::from(EXIT_CANNOT_RUN);
+        }
+        let log = state_dir.join("up.log");
+        println!("fleetmend up: starting (logs in {})", log.display());
+        Some(StderrToFile::to(&log))
+    } else {
+        None
+    };
+    let say = |text: &str| match &stderr {
+        Some(stderr) => stderr.say(text),
+        None => eprintln!("{text}"),
+    };
+
+    let fleet = match Fleet::start(config).await {
+        Ok(fleet) => fleet,
+        Err(err) => {
+            say(&format!("fleetmend up: {err}"));
+            return ExitCode::from(EXIT_CANNOT_RUN);
+        }
+    };
+    let mut stdout = std::io::stdout();
+    let banner = View::banner(&fleet);
+    if tty {
+        // The screen starts clean, below nothing; the banner's URLs are on it too.
+        let _ = write!(stdout, "\x1b[2J\x1b[H\x1b[?25l");
+    } else {
+        let _ = write!(stdout, "{banner}");
+    }
+    let _ = stdout.flush();
+
+    let mut view = View::new(tty);
+    let refresh = if tty { TTY_REFRESH } else { LOG_REFRESH };
+    let end = loop {
+        if let Err(err) = view.update(&fleet, &mut stdout) {
+            tracing::warn!(error = %err, "writing the view failed");
+        }
+        if let Some(job) = fleet.job()
+            && job.job.state.is_final()
+        {
+            break End::Job(job.job.state);
+        }
+        if fleet.job_id().is_none() && fleet.config().job {
+            break End::Job(JobState::Failed);
+        }
+        tokio::select! {
+            _ = sigint.recv() => break End::Signal(EXIT_SIGINT, "SIGINT"),
+            _ = sigterm.recv() => break End::Signal(EXIT_SIGTERM, "SIGTERM"),
+            _ = tokio::time::sleep(refresh) => {}
+        }
+    };
+    let _ = view.update(&fleet, &mut stdout);
+    if tty {
+        let _ = writeln!(stdout, "\x1b[?25h");
+    }
+    let final_line = fleet.final_line();
+    let job = fleet.job();
+    match &end {
+        End::Signal(_, name) => {
+            let _ = writeln!(
+                stdout,
+                "fleetmend up: {name}: stopping the job, the agents and the repairer"
+            );
+        }
+        End::Job(_) => {
+            let _ = writeln!(
+                stdout,
+                "fleetmend up: the job ended: stopping the agents and the repairer"
+            );
+        }
+    }
+    let _ = stdout.flush();
+    fleet.shutdown().await;
+    let _ = writeln!(
+        stdout,
+        "fleetmend up: everything it started is stopped (state in {})",
+        state_dir.display()
+    );
+    let code = match end {
+        End::Job(JobState::Completed) => {
+            match (job, final_line) {
+                (Some(job), Some(done)) => {
+                    let _ = writeln!(
+                        stdout,
+                        "job {} completed: step {}, loss {:.4}, weights sha256 {}",
+                        job.job.id, done.step, done.loss, done.weights_sha256
+                    );
+                }
+                (job, None) => {
+                    let id = job.map(|j| j.job.id).unwrap_or_default();
+                    let _ =
+                        writeln!(stdout, "job {id} completed (its rank 0 log has no final line)");
+                }
+                (None, Some(_)) => {}
+            }
+            ExitCode::SUCCESS
+        }
+        End::Job(state) => {
+            let reason = job
+                .map(|j| format!("job {} {state}: {}", j.job.id, j.job.reason))
+                .unwrap_or_else(|| format!("the job {state}"));
+            let _ = writeln!(stdout, "{reason}");
+            ExitCode::from(EXIT_JOB_FAILED)
+        }
+        End::Signal(code, _) => ExitCode::from(code),
+    };
+    let _ = stdout.flush();
+    drop(stderr);
+    code
 }

@@ -1,0 +1,848 @@
+//! A whole local fleet as one library type: the repairer in this process (embedded queue, SQLite
+//! in the state directory, the `local` provider), one agent process per simulated node, and a
+//! training job. `fleetmend up`, the scenario runner and tests drive it through [`Fleet`].
+
+use std::net::SocketAddr;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fleetmend_repairer::config::{RepairerConfig, SchedulerKind};
+use fleetmend_repairer::engine::{Engine, now_ms};
+use fleetmend_repairer::model::{Event, NodeState};
+use fleetmend_repairer::queue::{JobQueue, JobSpec, JobState, JobView};
+use fleetmend_repairer::scheduler::DRAIN_REASON_PREFIX;
+use fleetmend_repairer::service::{self, Repairer};
+use fleetmend_repairer::store::Store;
+use serde::{Deserialize, Serialize};
+
+use super::supervisor::{self, AgentSettings, NodeInfo, Note, Role, Supervisor, SupervisorError};
+use crate::faults::Fault;
+use crate::provider::LocalProvider;
+use crate::tree::NodeTree;
+
+pub use crate::tree::STATE_DIR_ENV;
+
+/// How a local fleet is built.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FleetConfig {
+    /// Everything the fleet writes: node trees, the store, tokens, checkpoints, `fleet.json`.
+    pub state_dir: PathBuf,
+    /// Nodes that run the job.
+    pub nodes: u32,
+    /// Standby nodes that replace broken ones.
+    pub spares: u32,
+    /// Submit the training job (off: a fleet with no job, for tests of the nodes alone).
+    pub job: bool,
+    /// The job's training steps.
+    pub steps: u64,
+    /// The job's checkpoint interval in steps, or `auto`.
+    pub checkpoint_every: String,
+    /// The trainer's seed.
+    pub seed: u64,
+    /// Restarts the job may use before it fails.
+    pub max_restarts: u32,
+    /// The repairer's listen address (default: a free loopback port).
+    pub listen: Option<SocketAddr>,
+    /// Start from an empty state directory (a previous fleet's state is removed).
+    pub fresh: bool,
+    /// The agents' report interval.
+    pub report_interval: Duration,
+    /// How long a simulated reboot keeps the node down after its tree is rebuilt.
+    pub boot_delay: Duration,
+    /// When an agent stops, its ranks' grace between SIGTERM and SIGKILL.
+    pub rank_stop_grace: Duration,
+    /// Longest wait for every agent's first report at start.
+    pub join_timeout: Duration,
+    /// The `fleetmend` executable the agents and the trainer run as.
+    pub exe: PathBuf,
+}
+
+impl FleetConfig {
+    /// The defaults of `fleetmend up` for `exe`.
+    pub fn new(state_dir: PathBuf, exe: PathBuf) -> FleetConfig {
+        FleetConfig {
+            state_dir,
+            nodes: 4,
+            spares: 1,
+            job: true,
+            steps: 300,
+            checkpoint_every: "10".to_owned(),
+            seed: 0,
+            max_restarts: 10,
+            listen: None,
+            fresh: false,
+            report_interval: Duration::from_millis(300),
+            boot_delay: Duration::from_secs(2),
+            rank_stop_grace: Duration::from_secs(5),
+            join_timeout: Duration::from_secs(60),
+            exe,
+        }
+    }
+
+    /// The state directory from `--state-dir`, else `$FLEETMEND_UP_DIR`, else `./fleetmend-up`.
+    pub fn default_state_dir(flag: Option<PathBuf>) -> PathBuf {
+        flag.or_else(|| std::env::var_os(STATE_DIR_ENV).map(PathBuf::from))
+            .unwrap_or_else(|| PathBuf::from(crate::tree::DEFAULT_STATE_DIR))
+    }
+
+    /// Every problem, naming its field.
+    pub fn problems(&self) -> Vec<(String, String)> {
+        let mut problems = Vec::new();
+        let mut push = |field: &str, message: String| problems.push((field.to_owned(), message));
+        if self.nodes == 0 {
+            push("nodes", "must be at least 1".to_owned());
+        }
+        if self.nodes.saturating_add(self.spares) > 64 {
+            push("nodes", "nodes and spares together must be at most 64 on one machine".to_owned());
+        }
+        if self.job && self.steps == 0 {
+            push("steps", "must be at least 1".to_owned());
+        }
+        if self.checkpoint_every != "auto"
+            && self.checkpoint_every.parse::<u64>().map_or(true, |n| n == 0)
+        {
+            push(
+                "checkpoint_every",
+                format!(
+                    "{:?} is neither a number of steps (at least 1) nor \"auto\"",
+                    self.checkpoint_every
+                ),
+            );
+        }
+        for (field, value) in [
+            ("report_interval", self.report_interval),
+            ("rank_stop_grace", self.rank_stop_grace),
+            ("join_timeout", self.join_timeout),
+        ] {
+            if value.is_zero() {
+                push(field, "must be greater than zero".to_owned());
+            }
+        }
+        if self.state_dir.as_os_str().is_empty() {
+            push("state_dir", "must not be empty".to_owned());
+        }
+        problems
+    }
+}
+
+/// The fleet could not start or do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    #[error("the fleet's settings have {} problem(s): {}", .0.len(), .0.iter().map(|(f, m)| format!("{f}: {m}")).collect::<Vec<_>>().join("; "))]
+    Invalid(Vec<(String, String)>),
+    #[error("preparing the state directory {path}: {source}")]
+    StateDir { path: PathBuf, source: std::io::Error },
+    #[error(
+        "the state directory {path} holds another fleet ({found}); start with --fresh to replace it"
+    )]
+    OtherFleet { path: PathBuf, found: String },
+    #[error("reading {path}: {message}")]
+    Read { path: PathBuf, message: String },
+    #[error("writing {path}: {source}")]
+    Write { path: PathBuf, source: std::io::Error },
+    #[error("node tree of {node}: {source}")]
+    Tree { node: String, source: crate::tree::TreeError },
+    #[error(transparent)]
+    Supervisor(#[from] SupervisorError),
+    #[error("the repairer's config: {}", .0.iter().map(|(f, m)| format!("{f}: {m}")).collect::<Vec<_>>().join("; "))]
+    RepairerConfig(Vec<(String, String)>),
+    #[error("starting the repairer: {0}")]
+    Repairer(#[from] Box<service::ServiceError>),
+    #[error("the repairer runs no embedded queue")]
+    NoQueue,
+    #[error("setting the spare {node} aside: {message}")]
+    Spare { node: String, message: String },
+    #[error(
+        "the agent of {node} did not report within {seconds} s ({why}); its log {log}:\n{tail}"
+    )]
+    Join { node: String, seconds: u64, why: String, log: PathBuf, tail: String },
+    #[error("submitting the training job: {0}")]
+    Submit(String),
+    #[error("the fleet runs no job")]
+    NoJob,
+    #[error("opening the event log: {0}")]
+    Events(#[from] fleetmend_repairer::store::StoreError),
+}
+
+/// `<state>/fleet.json`: what other tools need to reach the fleet.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FleetFile {
+    /// The repairer's base URL.
+    pub repairer: String,
+    /// The admin token's file.
+    pub admin_token_file: PathBuf,
+    /// The training job, once submitted.
+    pub job: Option<String>,
+    /// Whether `fleetmend up` runs now.
+    pub running: bool,
+    /// The `fleetmend up` process.
+    pub pid: u32,
+    /// Nodes that run the job now.
+    pub nodes: Vec<String>,
+    /// Standby nodes not used yet.
+    pub spares: Vec<String>,
+    /// Nodes replaced by a spare.
+    pub retired: Vec<String>,
+    /// Every node's agent: name, role, state, pid, `/metrics` URL, tree directory.
+    pub agents: Vec<NodeInfo>,
+}
+
+/// One node as the fleet shows it: the supervisor's view and the repairer's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeView {
+    #[serde(flatten)]
+    pub info: NodeInfo,
+    /// The repairer's state of the node (unknown until its first report).
+    pub state: Option<NodeState>,
+    pub boot_id: Option<String>,
+    /// Failing findings.
+    pub failing: usize,
+    /// The repairer's latest report from it.
+    pub last_report_ms: Option<u64>,
+}
+
+/// The final line of a completed job, from its rank 0's log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FinalLine {
+    pub step: u64,
+    pub loss: f64,
+    pub weights_sha256: String,
+    /// The log it was read from.
+    pub log: PathBuf,
+}
+
+/// A running local fleet.
+pub struct Fleet {
+    config: FleetConfig,
+    state_dir: PathBuf,
+    supervisor: Arc<Supervisor>,
+    repairer: Option<Repairer>,
+    engine: Arc<Engine>,
+    queue: Arc<JobQueue>,
+    events: Store,
+    repairer_url: String,
+    admin_token_file: PathBuf,
+    admin_token: String,
+    job_id: Option<String>,
+    stop_repairer: Option<tokio::sync::oneshot::Sender<()>>,
+    watcher: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Fleet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fleet")
+            .field("state_dir", &self.state_dir)
+            .field("repairer", &self.repairer_url)
+            .field("job", &self.job_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The reason the spares are drained with: fleetmend's own prefix, so the replacement workflow
+/// may undrain a spare once it is validated.
+const SPARE_REASON: &str = "standby spare of fleetmend up";
+
+/// Random hex from /dev/urandom.
+fn random_hex(bytes: usize) -> Result<String, std::io::Error> {
+    use std::io::Read;
+    let mut buf = vec![0u8; bytes];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Reads the token in `path`, or writes a new one there (mode 0600).
+fn token_file(path: &Path) -> Result<String, FleetError> {
+    if let Ok(text) = std::fs::read_to_string(path) {
+        let token = text.trim().to_owned();
+        if !token.is_empty() {
+            return Ok(token);
+        }
+    }
+    let write_err = |source| FleetError::Write { path: path.to_owned(), source };
+    let token = random_hex(24).map_err(write_err)?;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(write_err)?;
+    std::io::Write::write_all(&mut file, format!("{token}\n").as_bytes()).map_err(write_err)?;
+    Ok(token)
+}
+
+/// Stops agents an earlier `fleetmend up` on this state directory left running (it was killed):
+/// their pid files name them, and their command lines name the node's directory.
+fn stop_stale_agents(nodes_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(nodes_dir) else { return };
+    for entry in entries.flatten() {
+        let pid_file = entry.path().join("agent.pid");
+        let Some(pid) =
+            std::fs::read_to_string(&pid_file).ok().and_then(|t| t.trim().parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let dir = entry.path().display().to_string();
+        let ours = cmdline
+            .split(|b| *b == 0)
+            .filter_map(|arg| std::str::from_utf8(arg).ok())
+            .any(|arg| arg.contains(&dir));
+        if ours {
+            tracing::warn!(pid, dir, "stopping an agent left by an earlier fleetmend up");
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let _ = std::fs::remove_file(&pid_file);
+    }
+    supervisor::kill_ranks_under(Path::new("/proc"), nodes_dir);
+}
+
+/// The last `lines` lines of the file at `path`.
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// The names and roles of a new fleet: `node-1`..`node-N` work, the spares come after them.
+pub fn initial_roles(nodes: u32, spares: u32) -> Vec<(String, Role)> {
+    (1..=nodes.saturating_add(spares))
+        .map(|i| (format!("node-{i}"), if i <= nodes { Role::Worker } else { Role::Spare }))
+        .collect()
+}
+
+impl Fleet {
+    /// Builds the state directory, starts the repairer and every agent, waits for their first
+    /// reports, and submits the job.
+    pub async fn start(config: FleetConfig) -> Result<Fleet, FleetError> {
+        let problems = config.problems();
+        if !problems.is_empty() {
+            return Err(FleetError::Invalid(problems));
+        }
+        let dir_err = |path: &Path| {
+            let path = path.to_owned();
+            move |source| FleetError::StateDir { path, source }
+        };
+        std::fs::create_dir_all(&config.state_dir).map_err(dir_err(&config.state_dir))?;
+        let state_dir = config.state_dir.canonicalize().map_err(dir_err(&config.state_dir))?;
+        let nodes_dir = state_dir.join("nodes");
+        stop_stale_agents(&nodes_dir);
+        if config.fresh {
+            Self::clear(&state_dir)?;
+        }
+        std::fs::create_dir_all(&nodes_dir).map_err(dir_err(&nodes_dir))?;
+        let admin_token_file = state_dir.join("admin.token");
+        let agent_token_file = state_dir.join("agent.token");
+        let admin_token = token_file(&admin_token_file)?;
+        token_file(&agent_token_file)?;
+
+        let roles = Self::roles(&state_dir, &config)?;
+        let supervisor = Arc::new(Supervisor::new(AgentSettings {
+            exe: config.exe.clone(),
+            token_file: agent_token_file.clone(),
+            report_interval: config.report_interval,
+            rank_stop_grace: config.rank_stop_grace,
+            boot_delay: config.boot_delay,
+        }));
+        for (node, role) in &roles {
+            let dir = nodes_dir.join(node);
+            let tree =
+                if dir.exists() { NodeTree::open(&dir) } else { NodeTree::create(&dir, node) }
+                    .map_err(|source| FleetError::Tree { node: node.clone(), source })?;
+            supervisor.add(tree, *role)?;
+        }
+
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let repairer_config =
+            Self::repairer_config(&config, &state_dir, &admin_token_file, &agent_token_file);
+        let problems = repairer_config.problems();
+        if !problems.is_empty() {
+            return Err(FleetError::RepairerConfig(problems));
+        }
+        let provider = Arc::new(LocalProvider::new(supervisor.clone()));
+        let repairer = service::start_with(repairer_config, None, Some(provider), async {
+            let _ = stop_rx.await;
+        })
+        .await
+        .map_err(Box::new)?;
+        let engine = repairer.engine.clone();
+        let queue = repairer.queue.clone().ok_or(FleetError::NoQueue)?;
+        let repairer_url = format!("http://{}", repairer.local_addr);
+        supervisor.set_repairer_url(&repairer_url);
+        let events = Store::open(&state_dir.join("repairer.db"))?;
+
+        let watcher = tokio::spawn(Self::watch(supervisor.clone(), state_dir.clone()));
+        let mut fleet = Fleet {
+            config,
+            state_dir,
+            supervisor,
+            repairer: Some(repairer),
+            engine,
+            queue,
+            events,
+            repairer_url,
+            admin_token_file,
+            admin_token,
+            job_id: None,
+            stop_repairer: Some(stop_tx),
+            watcher,
+        };
+        if let Err(err) = fleet.bring_up(&roles).await {
+            fleet.shutdown().await;
+            return Err(err);
+        }
+        Ok(fleet)
+    }
+
+    async fn bring_up(&mut self, roles: &[(String, Role)]) -> Result<(), FleetError> {
+        for (node, role) in roles {
+            if *role == Role::Spare {
+                let reason = format!("{DRAIN_REASON_PREFIX}{SPARE_REASON}");
+                self.queue.admin_drain(node, &reason).map_err(|err| FleetError::Spare {
+                    node: node.clone(),
+                    message: err.to_string(),
+                })?;
+            }
+        }
+        let since = now_ms();
+        for (node, role) in roles {
+            if *role != Role::Retired {
+                self.supervisor.start_agent(node)?;
+            }
+        }
+        self.write_fleet_file(true);
+        let deadline = Instant::now() + self.config.join_timeout;
+        for (node, _) in roles.iter().filter(|(_, role)| *role != Role::Retired) {
+            loop {
+                let reported = self.engine.node(node).is_some_and(|n| n.last_report_ms >= since);
+                if reported {
+                    break;
+                }
+                let dead = self.supervisor.reap().contains(node);
+                if dead || Instant::now() >= deadline {
+                    let log = self.state_dir.join("nodes").join(node).join("agent.log");
+                    return Err(FleetError::Join {
+                        node: node.clone(),
+                        seconds: self.config.join_timeout.as_secs(),
+                        why: if dead {
+                            "its agent exited".to_owned()
+                        } else {
+                            "timed out".to_owned()
+                        },
+                        tail: tail(&log, 15),
+                        log,
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        if self.config.job {
+            self.job_id = Some(self.submit_job()?);
+            self.write_fleet_file(true);
+        }
+        Ok(())
+    }
+
+    /// Removes a previous fleet's state (its trees unmounted first).
+    fn clear(state_dir: &Path) -> Result<(), FleetError> {
+        let nodes_dir = state_dir.join("nodes");
+        if let Ok(entries) = std::fs::read_dir(&nodes_dir) {
+            for entry in entries.flatten() {
+                if let Ok(tree) = NodeTree::open(&entry.path())
+                    && let Err(source) = tree.cleanup()
+                {
+                    return Err(FleetError::Tree { node: tree.node().to_owned(), source });
+                }
+            }
+        }
+        let entries = std::fs::read_dir(state_dir)
+            .map_err(|source| FleetError::StateDir { path: state_dir.to_owned(), source })?;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let removed = if path.is_dir() && !path.is_symlink() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+            removed.map_err(|source| FleetError::StateDir { path, source })?;
+        }
+        Ok(())
+    }
+
+    /// The nodes and their roles: from `fleet.json` when the state directory holds a fleet of the
+    /// same size (a spare that replaced a node stays a worker), else a new layout.
+    fn roles(state_dir: &Path, config: &FleetConfig) -> Result<Vec<(String, Role)>, FleetError> {
+        let path = state_dir.join("fleet.json");
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return Ok(initial_roles(config.nodes, config.spares));
+        };
+        let file: FleetFile = serde_json::from_str(&text)
+            .map_err(|err| FleetError::Read { path: path.clone(), message: err.to_string() })?;
+        let total = file.agents.len();
+        let active = file.nodes.len();
+        if active != config.nodes as usize || total != (config.nodes + config.spares) as usize {
+            return Err(FleetError::OtherFleet {
+                path: state_dir.to_owned(),
+                found: format!(
+                    "{active} working node(s), {} spare(s), {} retired",
+                    file.spares.len(),
+                    file.retired.len()
+                ),
+            });
+        }
+        Ok(file.agents.into_iter().map(|a| (a.name, a.role)).collect())
+    }
+
+    fn repairer_config(
+        config: &FleetConfig,
+        state_dir: &Path,
+        admin_token_file: &Path,
+        agent_token_file: &Path,
+    ) -> RepairerConfig {
+        let mut repairer = RepairerConfig {
+            listen: config.listen.unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0))),
+            store: state_dir.join("repairer.db"),
+            agent_token_file: Some(agent_token_file.to_owned()),
+            admin_token_file: Some(admin_token_file.to_owned()),
+            scheduler: SchedulerKind::Embedded,
+            ..RepairerConfig::default()
+        };
+        let engine = &mut repairer.engine;
+        engine.tick = Duration::from_millis(100);
+        engine.report_interval = config.report_interval;
+        // A killed agent is noticed within about a second and a half at the default interval.
+        engine.unreachable_after = 5;
+        let workflow = &mut engine.workflow;
+        workflow.call_timeout = Duration::from_secs(10);
+        // The queue's own stop sequence (SIGUSR1, a new checkpoint, SIGTERM) does the waiting.
+        workflow.checkpoint_grace = Duration::from_secs(1);
+        workflow.reboot_timeout =
+            config.boot_delay + config.rank_stop_grace + Duration::from_secs(30);
+        workflow.replace_timeout = Duration::from_secs(60);
+        workflow.validate_timeout = Duration::from_secs(30);
+        workflow.retry_max = Duration::from_secs(5);
+        // One machine's fleet: a repaired node may be acted on again within a minute.
+        repairer.policy.guard_rails.cooldown = Duration::from_secs(60);
+        let queue = &mut repairer.queue;
+        queue.tick = Duration::from_millis(100);
+        queue.start_timeout = Duration::from_secs(60);
+        queue.checkpoint_grace = Duration::from_secs(15);
+        queue.stop_grace = config.rank_stop_grace + Duration::from_secs(5);
+        // Rendezvous ports away from the default range, which other fleets on the machine use.
+        let base = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or(29500);
+        queue.master_port_min = base;
+        queue.master_port_max = base.saturating_add(200);
+        repairer
+    }
+
+    fn submit_job(&self) -> Result<String, FleetError> {
+        // A fleet restarted on its state directory follows its unfinished job.
+        if let Some(job) = self.queue.jobs().into_iter().rev().find(|j| !j.job.state.is_final()) {
+            return Ok(job.job.id);
+        }
+        let checkpoints = self.state_dir.join("checkpoints").join(format!("run-{}", now_ms()));
+        let exe = self.config.exe.display().to_string();
+        let argv = vec![
+            exe,
+            "train".to_owned(),
+            "--steps".to_owned(),
+            self.config.steps.to_string(),
+            "--seed".to_owned(),
+            self.config.seed.to_string(),
+            "--checkpoint-every".to_owned(),
+            self.config.checkpoint_every.clone(),
+            "--collective-timeout".to_owned(),
+            "10s".to_owned(),
+            "--rendezvous-timeout".to_owned(),
+            "60s".to_owned(),
+        ];
+        let spec = JobSpec {
+            name: Some("train".to_owned()),
+            argv,
+            nodes: self.config.nodes,
+            priority: 0,
+            checkpoint_dir: checkpoints.display().to_string(),
+            max_restarts: self.config.max_restarts,
+            checkpoint_every: None,
+            env: Default::default(),
+        };
+        let view = self
+            .queue
+            .submit(spec, "fleetmend-up")
+            .map_err(|err| FleetError::Submit(err.to_string()))?;
+        Ok(view.job.id)
+    }
+
+    /// Reaps agents that died by themselves and keeps `fleet.json` current.
+    async fn watch(supervisor: Arc<Supervisor>, state_dir: PathBuf) {
+        let mut last = supervisor.nodes();
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if supervisor.is_stopping() {
+                return;
+            }
+            supervisor.reap();
+            let now = supervisor.nodes();
+            if now != last {
+                if let Some(mut file) = read_fleet_file(&state_dir) {
+                    fill_nodes(&mut file, &now);
+                    let _ = write_json(&state_dir.join("fleet.json"), &file);
+                }
+                last = now;
+            }
+        }
+    }
+
+    fn write_fleet_file(&self, running: bool) {
+        let mut file = FleetFile {
+            repairer: self.repairer_url.clone(),
+            admin_token_file: self.admin_token_file.clone(),
+            job: self.job_id.clone(),
+            running,
+            pid: std::process::id(),
+            nodes: Vec::new(),
+            spares: Vec::new(),
+            retired: Vec::new(),
+            agents: Vec::new(),
+        };
+        fill_nodes(&mut file, &self.supervisor.nodes());
+        let path = self.state_dir.join("fleet.json");
+        if let Err(err) = write_json(&path, &file) {
+            tracing::warn!(path = %path.display(), error = %err, "writing fleet.json failed");
+        }
+    }
+
+    // --- what a scenario runner and the view use ---------------------------------------------------
+
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
+    pub fn config(&self) -> &FleetConfig {
+        &self.config
+    }
+
+    /// Every node: role, agent, the repairer's state.
+    pub fn nodes(&self) -> Vec<NodeView> {
+        self.supervisor
+            .nodes()
+            .into_iter()
+            .map(|info| {
+                let record = self.engine.node(&info.name);
+                NodeView {
+                    state: record.as_ref().map(|r| r.state),
+                    boot_id: record.as_ref().map(|r| r.boot_id.clone()),
+                    failing: record.as_ref().map_or(0, |r| {
+                        r.findings
+                            .iter()
+                            .filter(|t| t.finding.status == fleetmend_proto::Status::Fail)
+                            .count()
+                    }),
+                    last_report_ms: record.as_ref().map(|r| r.last_report_ms),
+                    info,
+                }
+            })
+            .collect()
+    }
+
+    pub fn repairer_url(&self) -> &str {
+        &self.repairer_url
+    }
+
+    pub fn admin_token(&self) -> &str {
+        &self.admin_token
+    }
+
+    pub fn admin_token_file(&self) -> &Path {
+        &self.admin_token_file
+    }
+
+    pub fn job_id(&self) -> Option<&str> {
+        self.job_id.as_deref()
+    }
+
+    /// The job as the queue shows it.
+    pub fn job(&self) -> Option<JobView> {
+        self.queue.job(self.job_id.as_deref()?)
+    }
+
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    pub fn queue(&self) -> &Arc<JobQueue> {
+        &self.queue
+    }
+
+    pub fn supervisor(&self) -> &Arc<Supervisor> {
+        &self.supervisor
+    }
+
+    /// The repairer's events after `after` (its id), oldest first, at most `limit`.
+    pub fn events(&self, after: i64, limit: usize) -> Result<Vec<Event>, FleetError> {
+        Ok(self.events.events(after, None, limit)?)
+    }
+
+    /// What the supervisor did and saw after note `after` (agents started, stopped, died; reboots; replacements).
+    pub fn notes(&self, after: u64) -> Vec<Note> {
+        self.supervisor.notes(after)
+    }
+
+    /// Writes `fault` into `node` (`agent-kill` kills its agent).
+    pub fn inject(&self, node: &str, fault: &Fault, persistent: bool) -> Result<(), FleetError> {
+        Ok(self.supervisor.inject(node, fault, persistent)?)
+    }
+
+    /// SIGKILLs `node`'s agent: the node stops reporting until a reboot.
+    pub fn kill_agent(&self, node: &str) -> Result<(), FleetError> {
+        Ok(self.supervisor.kill_agent(node)?)
+    }
+
+    /// Waits until the job ends (completed, failed or cancelled) or `timeout` passes; the job as
+    /// it stands then.
+    pub async fn wait_job(&self, timeout: Duration) -> Result<JobView, FleetError> {
+        let id = self.job_id.clone().ok_or(FleetError::NoJob)?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let job = self.queue.job(&id).ok_or(FleetError::NoJob)?;
+            if job.job.state.is_final() || Instant::now() >= deadline {
+                return Ok(job);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The `done` line of the job's last attempt (rank 0's log), once it completed.
+    pub fn final_line(&self) -> Option<FinalLine> {
+        let job = self.job()?;
+        let node = job.job.nodes.first()?;
+        let log = self
+            .state_dir
+            .join("nodes")
+            .join(node)
+            .join("jobs")
+            .join(&job.job.id)
+            .join(format!("attempt-{}", job.job.attempt))
+            .join("rank-0")
+            .join("rank.log");
+        let text = std::fs::read_to_string(&log).ok()?;
+        let done = text.lines().rev().find_map(|line| {
+            let value: serde_json::Value = serde_json::from_str(line).ok()?;
+            (value["event"] == "done").then_some(value)
+        })?;
+        Some(FinalLine {
+            step: done["step"].as_u64()?,
+            loss: done["loss"].as_f64()?,
+            weights_sha256: done["weights_sha256"].as_str()?.to_owned(),
+            log,
+        })
+    }
+
+    /// Stops everything it started: the job is cancelled (its ranks get SIGTERM through their
+    /// agents and write a checkpoint), the agents stopped (they stop any rank left), ranks of
+    /// killed agents killed, the trees unmounted, and the repairer stopped.
+    pub async fn shutdown(mut self) {
+        self.supervisor.begin_stop();
+        if let Some(job) = self.job().filter(|j| !j.job.state.is_final()) {
+            if let Err(err) = self.queue.cancel(&job.job.id, "fleetmend up (stopping)") {
+                tracing::warn!(job = %job.job.id, error = %err, "cancelling the job failed");
+            }
+            // The ranks hear SIGTERM in the reply to their agents' next report.
+            let limit = self.config.report_interval * 4 + self.config.rank_stop_grace;
+            let deadline = Instant::now() + limit;
+            while Instant::now() < deadline && self.job().is_some_and(|j| !j.job.state.is_final()) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        self.watcher.abort();
+        self.supervisor.stop_all(&self.state_dir.join("nodes")).await;
+        self.write_fleet_file(false);
+        if let Some(stop) = self.stop_repairer.take() {
+            let _ = stop.send(());
+        }
+        if let Some(repairer) = self.repairer.take() {
+            match tokio::time::timeout(Duration::from_secs(5), repairer.wait()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(err)) => tracing::warn!(error = %err, "the repairer stopped with an error"),
+                Err(_) => tracing::warn!("the repairer did not stop within 5 s"),
+            }
+        }
+    }
+}
+
+/// Whether a job state counts as success for `fleetmend up`'s exit status.
+pub fn succeeded(state: JobState) -> bool {
+    state == JobState::Completed
+}
+
+fn fill_nodes(file: &mut FleetFile, nodes: &[NodeInfo]) {
+    let names =
+        |role: Role| nodes.iter().filter(|n| n.role == role).map(|n| n.name.clone()).collect();
+    file.nodes = names(Role::Worker);
+    file.spares = names(Role::Spare);
+    file.retired = names(Role::Retired);
+    file.agents = nodes.to_vec();
+}
+
+fn read_fleet_file(state_dir: &Path) -> Option<FleetFile> {
+    serde_json::from_str(&std::fs::read_to_string(state_dir.join("fleet.json")).ok()?).ok()
+}
+
+/// Writes `value` as JSON to `path` through a temporary file and a rename (readers never see half).
+fn write_json<T: Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
+    let text = serde_json::to_string_pretty(value).map_err(std::io::Error::other)?;
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, text + "\n")?;
+    std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_spares_sort_after_the_working_nodes() {
+        let roles = initial_roles(4, 1);
+        let names: Vec<&str> = roles.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["node-1", "node-2", "node-3", "node-4", "node-5"]);
+        assert_eq!(roles[4].1, Role::Spare);
+        assert!(roles[..4].iter().all(|(_, r)| *r == Role::Worker));
+    }
+
+    #[test]
+    fn bad_settings_are_named() {
+        let mut config = FleetConfig::new(PathBuf::from("/tmp/x"), PathBuf::from("/bin/fleetmend"));
+        assert_eq!(config.problems(), Vec::new());
+        config.nodes = 0;
+        config.steps = 0;
+        config.checkpoint_every = "often".to_owned();
+        config.report_interval = Duration::ZERO;
+        let fields: Vec<String> = config.problems().into_iter().map(|(f, _)| f).collect();
+        assert_eq!(fields, ["nodes", "steps", "checkpoint_every", "report_interval"]);
+    }
+
+    #[test]
+    fn the_repairer_config_is_valid_and_fast() {
+        let config = FleetConfig::new(PathBuf::from("/tmp/x"), PathBuf::from("/bin/fleetmend"));
+        let repairer = Fleet::repairer_config(
+            &config,
+            Path::new("/tmp/x"),
+            Path::new("/tmp/x/admin.token"),
+            Path::new("/tmp/x/agent.token"),
+        );
+        assert_eq!(repairer.problems(), Vec::new());
+        assert_eq!(repairer.scheduler, SchedulerKind::Embedded);
+        assert!(repairer.listen.ip().is_loopback());
+        assert_eq!(repairer.engine.tick, Duration::from_millis(100));
+        assert_eq!(repairer.queue.tick, Duration::from_millis(100));
+        assert!(repairer.engine.workflow.reboot_timeout <= Duration::from_secs(60));
+    }
+}
