@@ -10,7 +10,8 @@
 
 use std::sync::Arc;
 
-use fleetmend_repairer::provider::{PowerState, Provider, ProviderError};
+// Re-exported: a caller of the local provider needs the trait to call it.
+pub use fleetmend_repairer::provider::{PowerState, Provider, ProviderError};
 use fleetmend_repairer::scheduler::BoxFuture;
 
 use crate::up::supervisor::{AgentState, Supervisor, SupervisorError};
@@ -46,14 +47,9 @@ impl Provider for LocalProvider {
 
     fn reboot<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
         Box::pin(async move {
-            if self.supervisor.node(node).is_none() {
-                let err = SupervisorError::UnknownNode { node: node.to_owned() };
-                return Err(Self::failed("reboot", node, &err));
-            }
-            if self.supervisor.is_stopping() {
-                let err = SupervisorError::Stopping { operation: "reboot", node: node.to_owned() };
-                return Err(Self::failed("reboot", node, &err));
-            }
+            self.supervisor
+                .check_rebootable(node)
+                .map_err(|err| Self::failed("reboot", node, &err))?;
             let supervisor = self.supervisor.clone();
             let name = node.to_owned();
             // Accepted now, done in the background: the workflow awaits the new boot id.

@@ -198,7 +198,7 @@ async fn run(args: UpArgs) -> ExitCode {
     }
     let _ = stdout.flush();
 
-    let mut view = View::new(tty);
+    let mut view = View::new(tty, fleet.started_ms());
     let refresh = if tty { TTY_REFRESH } else { LOG_REFRESH };
     let end = loop {
         if let Err(err) = view.update(&fleet, &mut stdout) {

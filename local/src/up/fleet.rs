@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use fleetmend_repairer::config::{RepairerConfig, SchedulerKind};
 use fleetmend_repairer::engine::{Engine, now_ms};
 use fleetmend_repairer::model::{Event, NodeState};
+// Re-exported: FleetConfig::mode names it.
+pub use fleetmend_repairer::policy::Mode;
 use fleetmend_repairer::queue::{JobQueue, JobSpec, JobState, JobView};
 use fleetmend_repairer::scheduler::DRAIN_REASON_PREFIX;
 use fleetmend_repairer::service::{self, Repairer};
@@ -57,6 +59,9 @@ pub struct FleetConfig {
     pub join_timeout: Duration,
     /// The `fleetmend` executable the agents and the trainer run as.
     pub exe: PathBuf,
+    /// How the repairer acts on its decisions (dry-run: it acts on nothing, for tests that drive
+    /// the provider by hand).
+    pub mode: Mode,
 }
 
 impl FleetConfig {
@@ -78,6 +83,7 @@ impl FleetConfig {
             rank_stop_grace: Duration::from_secs(5),
             join_timeout: Duration::from_secs(60),
             exe,
+            mode: Mode::Enforce,
         }
     }
 
@@ -228,6 +234,7 @@ pub struct Fleet {
     job_id: Option<String>,
     stop_repairer: Option<tokio::sync::oneshot::Sender<()>>,
     watcher: tokio::task::JoinHandle<()>,
+    started_ms: u64,
 }
 
 impl std::fmt::Debug for Fleet {
@@ -278,7 +285,7 @@ fn token_file(path: &Path) -> Result<String, FleetError> {
 fn stop_stale_agents(nodes_dir: &Path) {
     let Ok(entries) = std::fs::read_dir(nodes_dir) else { return };
     for entry in entries.flatten() {
-        let pid_file = entry.path().join("agent.pid");
+        let pid_file = entry.path().join(crate::tree::AGENT_PID_FILE);
         let Some(pid) =
             std::fs::read_to_string(&pid_file).ok().and_then(|t| t.trim().parse::<i32>().ok())
         else {
@@ -324,6 +331,7 @@ impl Fleet {
         if !problems.is_empty() {
             return Err(FleetError::Invalid(problems));
         }
+        let started_ms = now_ms();
         let dir_err = |path: &Path| {
             let path = path.to_owned();
             move |source| FleetError::StateDir { path, source }
@@ -391,6 +399,7 @@ impl Fleet {
             job_id: None,
             stop_repairer: Some(stop_tx),
             watcher,
+            started_ms,
         };
         if let Err(err) = fleet.bring_up(&roles).await {
             fleet.shutdown().await;
@@ -526,6 +535,7 @@ impl Fleet {
         workflow.replace_timeout = Duration::from_secs(60);
         workflow.validate_timeout = Duration::from_secs(30);
         workflow.retry_max = Duration::from_secs(5);
+        repairer.policy.mode = config.mode;
         // One machine's fleet: a repaired node may be acted on again within a minute.
         repairer.policy.guard_rails.cooldown = Duration::from_secs(60);
         let queue = &mut repairer.queue;
@@ -628,6 +638,11 @@ impl Fleet {
 
     pub fn config(&self) -> &FleetConfig {
         &self.config
+    }
+
+    /// When [`Fleet::start`] began (Unix ms).
+    pub fn started_ms(&self) -> u64 {
+        self.started_ms
     }
 
     /// Every node: role, agent, the repairer's state.

@@ -137,6 +137,8 @@ pub enum SupervisorError {
     NoAgent { node: String },
     #[error("no spare left to replace {node}: every spare of the fleet is in use")]
     NoSpare { node: String },
+    #[error("{node} is retired (replaced by a spare): it is not rebooted")]
+    Retired { node: String },
 }
 
 /// Something the supervisor did or saw, for the view and the log.
@@ -482,12 +484,26 @@ impl Supervisor {
         Ok(())
     }
 
+    /// Whether `node` may be rebooted now: a node of the fleet, not retired, the fleet not stopping.
+    pub fn check_rebootable(&self, node: &str) -> Result<(), SupervisorError> {
+        let inner = self.lock();
+        if inner.stopping {
+            return Err(SupervisorError::Stopping { operation: "reboot", node: node.to_owned() });
+        }
+        let slot = inner
+            .slots
+            .get(node)
+            .ok_or_else(|| SupervisorError::UnknownNode { node: node.to_owned() })?;
+        if slot.role == Role::Retired {
+            return Err(SupervisorError::Retired { node: node.to_owned() });
+        }
+        Ok(())
+    }
+
     /// A simulated reboot, from the call on: the agent is stopped, the tree rebuilt (faults that
     /// are not persistent cleared, a new boot id), and the agent started after the boot delay.
     pub async fn reboot(&self, node: &str) -> Result<String, SupervisorError> {
-        if self.lock().stopping {
-            return Err(SupervisorError::Stopping { operation: "reboot", node: node.to_owned() });
-        }
+        self.check_rebootable(node)?;
         self.stop_agent(node, "rebooting").await?;
         let boot_id = {
             let mut inner = self.lock();

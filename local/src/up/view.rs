@@ -54,7 +54,8 @@ const CLEAR_EOL: &str = "\x1b[K";
 
 impl View {
     /// `tty`: stdout is a terminal (redrawn screen) or not (log lines).
-    pub fn new(tty: bool) -> View {
+    /// Times are shown from `started_ms` on.
+    pub fn new(tty: bool, started_ms: u64) -> View {
         let width = std::env::var("COLUMNS")
             .ok()
             .and_then(|c| c.parse::<usize>().ok())
@@ -62,7 +63,7 @@ impl View {
             .unwrap_or(120);
         View {
             tty,
-            started_ms: now_ms(),
+            started_ms,
             last_event: 0,
             last_note: 0,
             recent: VecDeque::new(),
