@@ -5,5 +5,6 @@
 
 pub mod faults;
 pub mod provider;
+pub mod scenario;
 pub mod tree;
 pub mod up;
