@@ -313,6 +313,13 @@ impl Supervisor {
         if let Some(agent) = &slot.agent {
             return Ok(agent.pid);
         }
+        // The same port across restarts keeps the node's /metrics URL; one taken meanwhile by
+        // another process is given up for a new one.
+        if TcpListener::bind(slot.listen).is_err() {
+            let port = free_port()
+                .map_err(|source| SupervisorError::Port { node: node.to_owned(), source })?;
+            slot.listen = SocketAddr::from(([127, 0, 0, 1], port));
+        }
         let dir = slot.tree.dir().to_owned();
         let jobs = dir.join("jobs");
         let extra = settings.agent_toml(&inner_url, &jobs);

@@ -258,7 +258,7 @@ impl View {
         let _ = writeln!(s, "{CLEAR_EOL}");
         match job {
             Some(job) => {
-                let _ = writeln!(s, "{BOLD}JOB{RESET} {}{CLEAR_EOL}", job_line(job));
+                let _ = writeln!(s, "{BOLD}{}{RESET}{CLEAR_EOL}", job_line(job));
                 let _ = writeln!(
                     s,
                     "    nodes {}  {}{CLEAR_EOL}",
@@ -267,7 +267,7 @@ impl View {
                 );
             }
             None => {
-                let _ = writeln!(s, "{BOLD}JOB{RESET} none{CLEAR_EOL}");
+                let _ = writeln!(s, "{BOLD}no job{RESET}{CLEAR_EOL}");
             }
         }
         let _ = writeln!(s, "{CLEAR_EOL}");
