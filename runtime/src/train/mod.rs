@@ -49,7 +49,7 @@ use candle_core::Device;
 use fleetmend_proto::jobs::{PROGRESS_TOKEN_VAR, PROGRESS_URL_VAR, Progress};
 use serde_json::json;
 
-use crate::checkpoint::{self, ValidCheckpoint};
+use crate::checkpoint::{self, LoadedCheckpoint};
 use crate::collective::{CollectiveConfig, CollectiveError, Communicator, Membership};
 use data::{BatchSpec, Corpus};
 use model::{Gpt, ModelConfig, ParamSpec, VOCAB};
@@ -927,14 +927,16 @@ fn find_resume_point(setup: &Setup) -> Result<Option<StartPoint>, TrainError> {
     }
     let dirs = checkpoint::step_dirs(dir).map_err(|e| TrainError::ReadCheckpoint(e.to_string()))?;
     for candidate in dirs {
-        let valid = match checkpoint::verify(&candidate.path) {
+        // One pass: every byte is read once, hashed against the manifest and kept for decoding.
+        let loaded = match checkpoint::load(&candidate.path) {
             Ok(valid) => valid,
             Err(reason) => {
                 eprintln!("fleetmend train: checkpoint refused, trying the previous one: {reason}");
                 continue;
             }
         };
-        match load_checkpoint(setup, &valid) {
+        let valid = &loaded.checkpoint;
+        match load_checkpoint(setup, &loaded) {
             Ok(point) => {
                 eprintln!(
                     "fleetmend train: resuming from {} (step {})",
@@ -967,7 +969,7 @@ enum LoadError {
     Unreadable(String),
 }
 
-fn load_checkpoint(setup: &Setup, valid: &ValidCheckpoint) -> Result<StartPoint, LoadError> {
+fn load_checkpoint(setup: &Setup, valid: &LoadedCheckpoint) -> Result<StartPoint, LoadError> {
     let state = state::read_state(valid).map_err(|e| LoadError::Unreadable(e.to_string()))?;
     if state.model != setup.config {
         return Err(LoadError::Refuse(format!(

@@ -18,7 +18,7 @@ use super::model::{ModelConfig, ParamSpec};
 use super::optim::{AdamWConfig, TrainTensors};
 use crate::checkpoint::{
     AddCheckpointFileError, BeginCheckpointError, CheckpointWriter, CommitCheckpointError,
-    ReadCheckpointFileError, ValidCheckpoint,
+    LoadedCheckpoint,
 };
 use std::sync::Arc;
 
@@ -171,9 +171,12 @@ pub fn write_checkpoint(
         WriteTrainCheckpointError::Encode { step, file: STATE_FILE, reason: e.to_string() }
     })?;
     let mut writer = CheckpointWriter::begin(checkpoint_dir, step, world, job_id)?;
-    writer.add_file(MODEL_FILE, &model)?;
-    writer.add_file(OPTIMIZER_FILE, &optimizer)?;
-    writer.add_file(STATE_FILE, &state)?;
+    // Side by side: each file's SHA-256 runs on its own thread while the others are written.
+    writer.add_files(&[
+        (MODEL_FILE, &model),
+        (OPTIMIZER_FILE, &optimizer),
+        (STATE_FILE, &state),
+    ])?;
     let path = writer.commit()?;
     Ok(Written {
         step,
@@ -209,9 +212,6 @@ fn encode_tensors(specs: &[ParamSpec], groups: &[(&str, &[f32])]) -> Result<Vec<
 /// Reading a checkpoint back failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadTrainCheckpointError {
-    /// A file could not be read.
-    #[error(transparent)]
-    Read(#[from] ReadCheckpointFileError),
     /// A file's contents are not what this trainer writes.
     #[error("checkpoint {path}: {file}: {reason}")]
     Invalid {
@@ -226,15 +226,15 @@ pub enum ReadTrainCheckpointError {
 
 /// Reads `state.json`, the parameters and the moments of a verified checkpoint, checking every
 /// tensor against `specs` (the caller compares the model configuration first, for a clear error).
-pub fn read_state(checkpoint: &ValidCheckpoint) -> Result<TrainState, ReadTrainCheckpointError> {
+pub fn read_state(checkpoint: &LoadedCheckpoint) -> Result<TrainState, ReadTrainCheckpointError> {
     let invalid = |file, reason: String| ReadTrainCheckpointError::Invalid {
-        path: checkpoint.path.clone(),
+        path: checkpoint.checkpoint.path.clone(),
         file,
         reason,
     };
-    let bytes = checkpoint.read_file(STATE_FILE)?;
+    let bytes = file(checkpoint, STATE_FILE)?;
     let state: TrainState =
-        serde_json::from_slice(&bytes).map_err(|e| invalid(STATE_FILE, e.to_string()))?;
+        serde_json::from_slice(bytes).map_err(|e| invalid(STATE_FILE, e.to_string()))?;
     if state.format_version != STATE_FORMAT_VERSION {
         return Err(invalid(
             STATE_FILE,
@@ -244,10 +244,10 @@ pub fn read_state(checkpoint: &ValidCheckpoint) -> Result<TrainState, ReadTrainC
             ),
         ));
     }
-    if state.step != checkpoint.step {
+    if state.step != checkpoint.step() {
         return Err(invalid(
             STATE_FILE,
-            format!("step {} but the directory is of step {}", state.step, checkpoint.step),
+            format!("step {} but the directory is of step {}", state.step, checkpoint.step()),
         ));
     }
     Ok(state)
@@ -256,24 +256,36 @@ pub fn read_state(checkpoint: &ValidCheckpoint) -> Result<TrainState, ReadTrainC
 /// Reads the parameters and AdamW's moments (flat, fixed order) of a checkpoint whose model
 /// matches `specs`; checks the parameters against the recorded hash.
 pub fn read_tensors(
-    checkpoint: &ValidCheckpoint,
+    checkpoint: &LoadedCheckpoint,
     state: &TrainState,
     specs: &[ParamSpec],
 ) -> Result<TrainTensors, ReadTrainCheckpointError> {
     let invalid = |file, reason: String| ReadTrainCheckpointError::Invalid {
-        path: checkpoint.path.clone(),
+        path: checkpoint.checkpoint.path.clone(),
         file,
         reason,
     };
-    let model = checkpoint.read_file(MODEL_FILE)?;
-    let params = decode_tensors(&model, specs, "").map_err(|r| invalid(MODEL_FILE, r))?;
+    let model = file(checkpoint, MODEL_FILE)?;
+    let params = decode_tensors(model, specs, "").map_err(|r| invalid(MODEL_FILE, r))?;
     if weights_sha256(&params) != state.weights_sha256 {
         return Err(invalid(MODEL_FILE, "the weights do not match state.json's hash".into()));
     }
-    let optimizer = checkpoint.read_file(OPTIMIZER_FILE)?;
-    let m = decode_tensors(&optimizer, specs, "m.").map_err(|r| invalid(OPTIMIZER_FILE, r))?;
-    let v = decode_tensors(&optimizer, specs, "v.").map_err(|r| invalid(OPTIMIZER_FILE, r))?;
+    let optimizer = file(checkpoint, OPTIMIZER_FILE)?;
+    let m = decode_tensors(optimizer, specs, "m.").map_err(|r| invalid(OPTIMIZER_FILE, r))?;
+    let v = decode_tensors(optimizer, specs, "v.").map_err(|r| invalid(OPTIMIZER_FILE, r))?;
     Ok(TrainTensors { params, m, v })
+}
+
+/// A file of a loaded checkpoint (read and verified once, by `checkpoint::load`).
+fn file<'a>(
+    checkpoint: &'a LoadedCheckpoint,
+    name: &'static str,
+) -> Result<&'a [u8], ReadTrainCheckpointError> {
+    checkpoint.file(name).ok_or_else(|| ReadTrainCheckpointError::Invalid {
+        path: checkpoint.checkpoint.path.clone(),
+        file: name,
+        reason: "not in the manifest".to_owned(),
+    })
 }
 
 fn decode_tensors(bytes: &[u8], specs: &[ParamSpec], prefix: &str) -> Result<Vec<f32>, String> {
@@ -329,8 +341,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let written = write_checkpoint(dir.path(), "job", &specs, &snapshot).unwrap();
         assert_eq!(written.step, 12);
-        let valid = crate::checkpoint::verify(&written.path).unwrap();
-        assert_eq!(valid.world_size(), 4);
+        let valid = crate::checkpoint::load(&written.path).unwrap();
+        assert_eq!(valid.checkpoint.world_size(), 4);
         let read = read_state(&valid).unwrap();
         assert_eq!(read, state);
         let TrainTensors { params: p, m, v } = read_tensors(&valid, &read, &specs).unwrap();
