@@ -149,9 +149,9 @@ pub enum FleetError {
     #[error("writing {path}: {source}")]
     Write { path: PathBuf, source: std::io::Error },
     #[error("node tree of {node}: {source}")]
-    Tree { node: String, source: crate::tree::TreeError },
+    Tree { node: String, source: Box<crate::tree::TreeError> },
     #[error(transparent)]
-    Supervisor(#[from] SupervisorError),
+    Supervisor(Box<SupervisorError>),
     #[error("the repairer's config: {}", .0.iter().map(|(f, m)| format!("{f}: {m}")).collect::<Vec<_>>().join("; "))]
     RepairerConfig(Vec<(String, String)>),
     #[error("starting the repairer: {0}")]
@@ -160,16 +160,31 @@ pub enum FleetError {
     NoQueue,
     #[error("setting the spare {node} aside: {message}")]
     Spare { node: String, message: String },
-    #[error(
-        "the agent of {node} did not report within {seconds} s ({why}); its log {log}:\n{tail}"
-    )]
-    Join { node: String, seconds: u64, why: String, log: PathBuf, tail: String },
+    #[error("{0}")]
+    Join(Box<JoinFailure>),
     #[error("submitting the training job: {0}")]
     Submit(String),
     #[error("the fleet runs no job")]
     NoJob,
     #[error("opening the event log: {0}")]
-    Events(#[from] fleetmend_repairer::store::StoreError),
+    Events(Box<fleetmend_repairer::store::StoreError>),
+}
+
+impl From<SupervisorError> for FleetError {
+    fn from(err: SupervisorError) -> Self {
+        FleetError::Supervisor(Box::new(err))
+    }
+}
+
+/// An agent that did not report at start.
+#[derive(Debug, thiserror::Error)]
+#[error("the agent of {node} did not report within {seconds} s ({why}); its log {log}:\n{tail}")]
+pub struct JoinFailure {
+    pub node: String,
+    pub seconds: u64,
+    pub why: String,
+    pub log: PathBuf,
+    pub tail: String,
 }
 
 /// `<state>/fleet.json`: what other tools need to reach the fleet.
@@ -361,7 +376,10 @@ impl Fleet {
             let dir = nodes_dir.join(node);
             let tree =
                 if dir.exists() { NodeTree::open(&dir) } else { NodeTree::create(&dir, node) }
-                    .map_err(|source| FleetError::Tree { node: node.clone(), source })?;
+                    .map_err(|source| FleetError::Tree {
+                        node: node.clone(),
+                        source: Box::new(source),
+                    })?;
             supervisor.add(tree, *role)?;
         }
 
@@ -382,7 +400,8 @@ impl Fleet {
         let queue = repairer.queue.clone().ok_or(FleetError::NoQueue)?;
         let repairer_url = format!("http://{}", repairer.local_addr);
         supervisor.set_repairer_url(&repairer_url);
-        let events = Store::open(&state_dir.join("repairer.db"))?;
+        let events = Store::open(&state_dir.join("repairer.db"))
+            .map_err(|err| FleetError::Events(Box::new(err)))?;
 
         let watcher = tokio::spawn(Self::watch(supervisor.clone(), state_dir.clone()));
         let mut fleet = Fleet {
@@ -435,7 +454,7 @@ impl Fleet {
                 let dead = self.supervisor.reap().contains(node);
                 if dead || Instant::now() >= deadline {
                     let log = self.state_dir.join("nodes").join(node).join("agent.log");
-                    return Err(FleetError::Join {
+                    return Err(FleetError::Join(Box::new(JoinFailure {
                         node: node.clone(),
                         seconds: self.config.join_timeout.as_secs(),
                         why: if dead {
@@ -445,7 +464,7 @@ impl Fleet {
                         },
                         tail: tail(&log, 15),
                         log,
-                    });
+                    })));
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -465,7 +484,10 @@ impl Fleet {
                 if let Ok(tree) = NodeTree::open(&entry.path())
                     && let Err(source) = tree.cleanup()
                 {
-                    return Err(FleetError::Tree { node: tree.node().to_owned(), source });
+                    return Err(FleetError::Tree {
+                        node: tree.node().to_owned(),
+                        source: Box::new(source),
+                    });
                 }
             }
         }
@@ -703,7 +725,7 @@ impl Fleet {
 
     /// The repairer's events after `after` (its id), oldest first, at most `limit`.
     pub fn events(&self, after: i64, limit: usize) -> Result<Vec<Event>, FleetError> {
-        Ok(self.events.events(after, None, limit)?)
+        self.events.events(after, None, limit).map_err(|err| FleetError::Events(Box::new(err)))
     }
 
     /// What the supervisor did and saw after note `after` (agents started, stopped, died; reboots; replacements).
