@@ -137,6 +137,8 @@ pub enum SupervisorError {
     NoAgent { node: String },
     #[error("no spare left to replace {node}: every spare of the fleet is in use")]
     NoSpare { node: String },
+    #[error("rebooting {node}: the tree's rebuild did not finish: {message}")]
+    Task { node: String, message: String },
     #[error("{node} is retired (replaced by a spare): it is not rebooted")]
     Retired { node: String },
 }
@@ -475,12 +477,9 @@ impl Supervisor {
         if matches!(fault, Fault::AgentKill) {
             self.kill_agent(node)?;
         } else {
-            let inner = self.lock();
-            let slot = inner
-                .slots
-                .get(node)
-                .ok_or_else(|| SupervisorError::UnknownNode { node: node.to_owned() })?;
-            slot.tree.inject(fault, persistent).map_err(|source| SupervisorError::Inject {
+            // The tree has its own lock (shared with `fleetmend inject`): not taken under ours.
+            let tree = self.tree(node)?;
+            tree.inject(fault, persistent).map_err(|source| SupervisorError::Inject {
                 fault: fault.to_string(),
                 node: node.to_owned(),
                 source,
@@ -489,6 +488,16 @@ impl Supervisor {
         let kind = if persistent { "persistent " } else { "" };
         self.record(node, format!("{kind}fault injected: {fault}"));
         Ok(())
+    }
+
+    /// `node`'s tree.
+    fn tree(&self, node: &str) -> Result<NodeTree, SupervisorError> {
+        let inner = self.lock();
+        let slot = inner
+            .slots
+            .get(node)
+            .ok_or_else(|| SupervisorError::UnknownNode { node: node.to_owned() })?;
+        Ok(slot.tree.clone())
     }
 
     /// Whether `node` may be rebooted now: a node of the fleet, not retired, the fleet not stopping.
@@ -512,18 +521,29 @@ impl Supervisor {
     pub async fn reboot(&self, node: &str) -> Result<String, SupervisorError> {
         self.check_rebootable(node)?;
         self.stop_agent(node, "rebooting").await?;
-        let boot_id = {
+        let tree = {
             let mut inner = self.lock();
             let slot = inner
                 .slots
                 .get_mut(node)
                 .ok_or_else(|| SupervisorError::UnknownNode { node: node.to_owned() })?;
             slot.state = AgentState::Booting;
-            slot.tree.reboot().map_err(|source| SupervisorError::Tree {
+            slot.tree.clone()
+        };
+        // Rebuilding the tree is file work (and may wait for the tree's lock): off the runtime.
+        let rebuilt = tokio::task::spawn_blocking(move || tree.reboot()).await;
+        let boot_id = match rebuilt {
+            Ok(result) => result.map_err(|source| SupervisorError::Tree {
                 operation: "rebooting",
                 node: node.to_owned(),
                 source,
-            })?
+            })?,
+            Err(err) => {
+                return Err(SupervisorError::Task {
+                    node: node.to_owned(),
+                    message: err.to_string(),
+                });
+            }
         };
         self.record(node, format!("rebooting: new boot id {boot_id}"));
         tokio::time::sleep(self.settings.boot_delay).await;
