@@ -134,7 +134,8 @@ pub enum NodeTarget {
     Named(String),
     /// The node running this rank of the job when the fault comes due.
     Rank(u32),
-    /// A healthy node of the job, not hit before and out of cooldown (lowest rank first).
+    /// A healthy node of the job with no failing finding, not hit before and out of cooldown
+    /// (lowest rank first).
     AnyHealthy,
 }
 

@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
+use fleetmend_proto::Status;
 use fleetmend_repairer::engine::now_ms;
 use fleetmend_repairer::model::{Event, NodeState};
 use fleetmend_repairer::queue::{JobState, JobView};
@@ -257,7 +258,7 @@ fn resolve(
                     });
                     let healthy = fleet.engine().node(name).is_some_and(|r| {
                         r.state == NodeState::Healthy
-                            && r.findings.is_empty()
+                            && !r.findings.iter().any(|t| t.finding.status == Status::Fail)
                             && r.workflow.is_none()
                             && r.cooldown_until_ms <= now
                     });
