@@ -32,7 +32,7 @@ mod rendezvous;
 mod wire;
 
 use std::fmt;
-use std::io::{self, Read};
+use std::io::{self, IoSlice, Read};
 use std::net::{Shutdown, SocketAddr};
 use std::ops::Range;
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -650,13 +650,21 @@ impl Ring {
 struct Link {
     stream: std::net::TcpStream,
     peer: usize,
-    /// Frame assembly and payload buffer, reused across frames.
+    /// Payloads that cannot go straight between the socket and the caller's buffer (abort
+    /// notices, big-endian conversions), reused across frames.
     scratch: Vec<u8>,
+    /// Arriving all-reduce frames that are added to the buffer rather than stored in it, reused
+    /// across frames and operations.
+    arrivals: Vec<f32>,
 }
+
+/// The wire carries `f32`s little-endian; on a little-endian target that is their memory layout,
+/// so frames go between the socket and the buffer without a conversion (or any copy of ours).
+const NATIVE_IS_WIRE_ORDER: bool = cfg!(target_endian = "little");
 
 impl Link {
     fn new(stream: std::net::TcpStream, peer: usize) -> Link {
-        Link { stream, peer, scratch: Vec::new() }
+        Link { stream, peer, scratch: Vec::new(), arrivals: Vec::new() }
     }
 
     fn send_frame(
@@ -665,10 +673,9 @@ impl Link {
         payload: &[u8],
         timeout: Duration,
     ) -> Result<(), LinkFailure> {
-        self.scratch.clear();
-        self.scratch.extend_from_slice(&header.encode());
-        self.scratch.extend_from_slice(payload);
-        wire::write_all_until(&mut self.stream, &self.scratch, Instant::now() + timeout)
+        let head = header.encode();
+        let mut bufs = [IoSlice::new(&head), IoSlice::new(payload)];
+        wire::write_all_vectored_until(&mut self.stream, &mut bufs, Instant::now() + timeout)
     }
 
     fn send_f32s(
@@ -677,16 +684,14 @@ impl Link {
         values: &[f32],
         timeout: Duration,
     ) -> Result<(), LinkFailure> {
-        // Sized once and overwritten in place (no clear: the previous frame's length is usually
-        // this one's), so the conversion is a plain loop over fixed-size chunks that compiles to
-        // a vectorised copy; pushing 4 bytes at a time cost more CPU than the kernel's own copy.
-        self.scratch.resize(wire::FRAME_HEADER_LEN + values.len() * 4, 0);
-        let (head, payload) = self.scratch.split_at_mut(wire::FRAME_HEADER_LEN);
-        head.copy_from_slice(&header.encode());
-        for (out, value) in payload.chunks_exact_mut(4).zip(values) {
-            out.copy_from_slice(&value.to_le_bytes());
+        if NATIVE_IS_WIRE_ORDER {
+            return self.send_frame(header, bytemuck::cast_slice(values), timeout);
         }
-        wire::write_all_until(&mut self.stream, &self.scratch, Instant::now() + timeout)
+        let mut payload = std::mem::take(&mut self.scratch);
+        f32s_to_le_bytes(values, &mut payload);
+        let sent = self.send_frame(header, &payload, timeout);
+        self.scratch = payload;
+        sent
     }
 
     fn send_keepalive(&mut self, seq: u64, timeout: Duration) -> Result<(), LinkFailure> {
@@ -720,13 +725,9 @@ impl Link {
         self.send_frame(header, &payload, timeout)
     }
 
-    /// Reads the next frame, which must carry `expected`'s header (keepalives are skipped), and
-    /// returns its payload.
-    fn recv_expected(
-        &mut self,
-        expected: FrameHeader,
-        timeout: Duration,
-    ) -> Result<&[u8], RecvFailure> {
+    /// Reads the next frame's header, which must be `expected` (keepalives are skipped); its
+    /// payload, `expected.payload_len` bytes, is next on the stream.
+    fn recv_header(&mut self, expected: FrameHeader, timeout: Duration) -> Result<(), RecvFailure> {
         loop {
             let mut raw = [0u8; wire::FRAME_HEADER_LEN];
             wire::read_exact_until(&mut self.stream, &mut raw, Instant::now() + timeout)
@@ -742,13 +743,72 @@ impl Link {
                     })?;
                     return Err(RecvFailure::Aborted(notice));
                 }
-                _ if header == expected => {
-                    self.read_payload(len, timeout)?;
-                    return Ok(&self.scratch);
-                }
+                _ if header == expected => return Ok(()),
                 _ => return Err(RecvFailure::OutOfStep(describe_mismatch(&expected, &header))),
             }
         }
+    }
+
+    /// Reads the next frame, which must carry `expected`'s header, and returns its payload.
+    fn recv_expected(
+        &mut self,
+        expected: FrameHeader,
+        timeout: Duration,
+    ) -> Result<&[u8], RecvFailure> {
+        self.recv_header(expected, timeout)?;
+        self.read_payload(expected.payload_len as usize, timeout)?;
+        Ok(&self.scratch)
+    }
+
+    /// Reads the next frame, which must carry `expected`'s header, straight into `into`: exactly
+    /// its payload length (the caller built `expected` from it).
+    fn recv_into(
+        &mut self,
+        expected: FrameHeader,
+        into: &mut [u8],
+        timeout: Duration,
+    ) -> Result<(), RecvFailure> {
+        debug_assert_eq!(into.len(), expected.payload_len as usize);
+        self.recv_header(expected, timeout)?;
+        wire::read_exact_until(&mut self.stream, into, Instant::now() + timeout)
+            .map_err(RecvFailure::Link)
+    }
+
+    /// [`recv_into`](Link::recv_into) for a frame of little-endian `f32`s.
+    fn recv_f32s_into(
+        &mut self,
+        expected: FrameHeader,
+        into: &mut [f32],
+        timeout: Duration,
+    ) -> Result<(), RecvFailure> {
+        if NATIVE_IS_WIRE_ORDER {
+            return self.recv_into(expected, bytemuck::cast_slice_mut(into), timeout);
+        }
+        let payload = self.recv_expected(expected, timeout)?;
+        f32s_from_le_bytes(payload, into);
+        Ok(())
+    }
+
+    /// Reads the next frame of `f32`s, which must carry `expected`'s header, and adds it into
+    /// `part` with the arriving value on the left (the documented summation order).
+    fn recv_f32s_add(
+        &mut self,
+        expected: FrameHeader,
+        part: &mut [f32],
+        timeout: Duration,
+    ) -> Result<(), RecvFailure> {
+        let mut arrivals = std::mem::take(&mut self.arrivals);
+        arrivals.resize(part.len(), 0.0);
+        let received = self.recv_f32s_into(expected, &mut arrivals, timeout);
+        if received.is_ok() {
+            part.iter_mut().zip(&arrivals).for_each(|(value, arrived)| {
+                // Not `+=`: the upstream sum stays the left operand.
+                let sum = *arrived + *value;
+                *value = sum;
+            });
+        }
+        self.arrivals = arrivals;
+        received
     }
 
     fn read_payload(&mut self, len: usize, timeout: Duration) -> Result<(), RecvFailure> {
@@ -785,6 +845,22 @@ fn describe_mismatch(expected: &FrameHeader, got: &FrameHeader) -> String {
         "the ranks disagree on the frame layout (different chunk_bytes?)"
     };
     format!("expected {expected}, received {got}: {why}")
+}
+
+/// `values` as the wire's little-endian bytes, into `out` (for targets whose memory order is not
+/// the wire's). A sized buffer filled in fixed-size chunks compiles to a vectorised loop.
+fn f32s_to_le_bytes(values: &[f32], out: &mut Vec<u8>) {
+    out.resize(values.len() * 4, 0);
+    for (bytes, value) in out.chunks_exact_mut(4).zip(values) {
+        bytes.copy_from_slice(&value.to_le_bytes());
+    }
+}
+
+/// The wire's little-endian bytes back into `f32`s (the other direction of [`f32s_to_le_bytes`]).
+fn f32s_from_le_bytes(bytes: &[u8], out: &mut [f32]) {
+    for (value, bytes) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+        *value = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+    }
 }
 
 /// Frame payload lengths fit in `u32`: [`CollectiveConfig::validate`] caps `chunk_bytes`.
@@ -924,24 +1000,10 @@ fn ring_all_reduce(ring: &mut Ring, op: &OpContext, values: &mut [f32]) -> Resul
                         payload_len: frame_len(part.len() * 4),
                         ..header
                     };
-                    let payload = predecessor.recv_expected(expected, op.timeout)?;
-                    // One loop per combine, each over fixed-size chunks, so both vectorise.
-                    let arriving = payload
-                        .chunks_exact(4)
-                        .map(|bytes| f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]));
                     match combine {
-                        // The running sum from upstream on the left: the documented order.
-                        Combine::Add => {
-                            part.iter_mut().zip(arriving).for_each(|(value, arrived)| {
-                                // Not `+=`: the upstream sum stays the left operand.
-                                let sum = arrived + *value;
-                                *value = sum;
-                            })
-                        }
-                        Combine::Copy => part
-                            .iter_mut()
-                            .zip(arriving)
-                            .for_each(|(value, arrived)| *value = arrived),
+                        Combine::Add => predecessor.recv_f32s_add(expected, part, op.timeout)?,
+                        // Straight from the socket into the buffer.
+                        Combine::Copy => predecessor.recv_f32s_into(expected, part, op.timeout)?,
                     }
                 }
                 Ok(())
@@ -1045,12 +1107,11 @@ fn ring_broadcast(
         },
         move |predecessor| {
             for frame in 0..frames {
-                let range = frame_range(frame, per_frame, len);
-                let payload = predecessor.recv_expected(header(frame), op.timeout)?;
-                bytes[range].copy_from_slice(payload);
+                let part = &mut bytes[frame_range(frame, per_frame, len)];
+                predecessor.recv_into(header(frame), part, op.timeout)?;
                 if forward {
                     // The sender thread only stops early when its link failed; that error wins.
-                    let _ = to_forward.send((frame, payload.to_vec()));
+                    let _ = to_forward.send((frame, part.to_vec()));
                 }
             }
             Ok(())
@@ -1108,6 +1169,23 @@ mod tests {
         assert_eq!(frame_count(9, 4), 3);
         assert_eq!(frame_range(2, 4, 9), 8..9);
         assert_eq!(frame_range(0, 4, 0), 0..0);
+    }
+
+    #[test]
+    fn the_wire_order_conversion_round_trips_every_bit_pattern_kind() {
+        let values = [1.5f32, -0.0, f32::NAN, f32::INFINITY, f32::MIN_POSITIVE / 2.0, -3.25e-7];
+        let mut bytes = Vec::new();
+        f32s_to_le_bytes(&values, &mut bytes);
+        let expected: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(bytes, expected);
+        if NATIVE_IS_WIRE_ORDER {
+            // What the zero-copy path sends is what the conversion would have produced.
+            assert_eq!(bytemuck::cast_slice::<f32, u8>(&values), &expected[..]);
+        }
+        let mut back = [0f32; 6];
+        f32s_from_le_bytes(&bytes, &mut back);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&back), bits(&values));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! up at a deadline.
 
 use std::fmt;
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Instant;
 
@@ -245,6 +245,35 @@ pub(super) fn write_all_until(
     Ok(())
 }
 
+/// Writes all of `bufs` to `stream` with as few system calls as the kernel allows (a frame's header
+/// and its payload go out in one `writev`, so the payload need not be copied behind the header),
+/// giving up at `deadline` as [`write_all_until`] does.
+pub(super) fn write_all_vectored_until(
+    stream: &mut TcpStream,
+    mut bufs: &mut [IoSlice<'_>],
+    deadline: Instant,
+) -> Result<(), LinkFailure> {
+    // Drop leading empty slices: a write of nothing returns 0, which would read as a close.
+    IoSlice::advance_slices(&mut bufs, 0);
+    while !bufs.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(LinkFailure::TimedOut);
+        }
+        stream.set_write_timeout(Some(left)).map_err(LinkFailure::Io)?;
+        match stream.write_vectored(bufs) {
+            Ok(0) => return Err(LinkFailure::Closed),
+            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Err(e) => {
+                if let Some(failure) = classify(e) {
+                    return Err(failure);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A rendezvous message (length-prefixed JSON on the rendezvous and ring-setup connections).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
@@ -330,6 +359,36 @@ mod tests {
             total: 1 << 40,
         };
         assert_eq!(FrameHeader::decode(&header.encode()), Ok(header));
+    }
+
+    #[test]
+    fn vectored_writes_deliver_every_slice_in_order_across_partial_writes() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut writer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut reader, _) = listener.accept().unwrap();
+        // Larger than the socket buffers, so the kernel takes it in several partial writes.
+        let big: Vec<u8> = (0..8 << 20).map(|i: u32| (i % 251) as u8).collect();
+        let expected: Vec<u8> = [&b"head"[..], &[], &big, &[], b"tail"].concat();
+        let reading = std::thread::spawn(move || {
+            let mut got = vec![0u8; expected.len()];
+            let deadline = Instant::now() + std::time::Duration::from_secs(30);
+            read_exact_until(&mut reader, &mut got, deadline).unwrap();
+            assert!(got == expected, "the bytes arrived changed or out of order");
+        });
+        let mut bufs = [
+            IoSlice::new(&[]),
+            IoSlice::new(b"head"),
+            IoSlice::new(&[]),
+            IoSlice::new(&big),
+            IoSlice::new(&[]),
+            IoSlice::new(b"tail"),
+            IoSlice::new(&[]),
+        ];
+        let deadline = Instant::now() + std::time::Duration::from_secs(30);
+        write_all_vectored_until(&mut writer, &mut bufs, deadline).unwrap();
+        // Nothing at all to write is done at once, not a close.
+        write_all_vectored_until(&mut writer, &mut [IoSlice::new(&[])], deadline).unwrap();
+        reading.join().unwrap();
     }
 
     #[test]
