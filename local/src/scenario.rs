@@ -106,7 +106,8 @@ pub struct FleetSettings {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FaultPlan {
-    /// Inject once the job runs at this step or later (its step as the queue sees it).
+    /// Inject once the job runs at this step or later (its step as the queue sees it: the
+    /// current attempt's progress, after its first step).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_step: Option<u64>,
     /// Inject this long after the scenario began.
@@ -435,7 +436,7 @@ mod tests {
         config.steps = 300;
         config.seed = 5;
         Scenario::builtin().configure(&mut config);
-        assert_eq!((config.nodes, config.spares, config.steps), (4, 1, 60));
+        assert_eq!((config.nodes, config.spares, config.steps), (4, 1, 100));
         assert_eq!(config.checkpoint_every, "10");
         assert_eq!(config.seed, 5, "left out: fleetmend up's value stays");
     }

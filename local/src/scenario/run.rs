@@ -180,11 +180,19 @@ async fn inject_when_due(
                 "the scenario's timeout passed while the fault waited for {waiting_for}"
             )));
         }
-        let running = job.as_ref().filter(|j| j.job.state == JobState::Running);
+        // Starting counts: the attempt's nodes are known, and its ranks step before every one of
+        // them is reported running.
+        let running =
+            job.as_ref().filter(|j| matches!(j.job.state, JobState::Starting | JobState::Running));
         let due = match (plan.at_step, plan.at) {
             (Some(step), _) => {
                 waiting_for = format!("step {step}");
-                running.is_some_and(|j| j.step.is_some_and(|s| s >= step))
+                // The current attempt's own progress, past its first step: a restarted job shows
+                // its previous attempt's step until then, and a fault before the resumed job's
+                // first step would leave that resume unmeasured.
+                running
+                    .and_then(|j| j.job.latest_progress())
+                    .is_some_and(|p| p.step >= step && p.step > p.start_step)
             }
             (None, Some(at)) => {
                 waiting_for = format!("+{}", humantime::format_duration(at));
@@ -228,7 +236,7 @@ fn resolve(
     job: Option<&JobView>,
     hit: &BTreeSet<String>,
 ) -> Result<(String, Option<u32>), String> {
-    let running = job.filter(|j| j.job.state == JobState::Running);
+    let running = job.filter(|j| matches!(j.job.state, JobState::Starting | JobState::Running));
     let rank_of = |node: &str| {
         running.and_then(|j| j.job.nodes.iter().position(|n| n == node)).map(|r| r as u32)
     };

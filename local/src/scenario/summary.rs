@@ -56,6 +56,8 @@ pub struct FaultSummary {
     pub drain_s: Option<f64>,
     /// Whether the fault stopped the job (an attempt ended by a failure after it).
     pub job_restarted: bool,
+    /// Restarts between this fault and the next (more than one: a resumed attempt failed again).
+    pub restarts: u32,
     /// Fault written → the job's first step after its resume, wall clock.
     pub resume_total_s: Option<f64>,
     /// Of that, the time the job waited in the queue for nodes (reboots, validation, the spare).
@@ -332,6 +334,7 @@ fn fault_summary(
         detect_s: None,
         drain_s: None,
         job_restarted: false,
+        restarts: 0,
         resume_total_s: None,
         waiting_for_nodes_s: None,
         resume_s: None,
@@ -430,15 +433,19 @@ fn fault_summary(
         after.iter().any(|e| e.kind == EventKind::Breaker && e.severity == Severity::Critical);
 
     if let Some(job) = observed.job {
+        // The restarts this fault caused: attempts ended by a failure between it and the next
+        // fault. Usually one; more when a restarted attempt failed again before it stepped.
         let history = &job.job.history;
-        let restart = history.iter().find_map(|attempt| {
-            let previous = history.iter().find(|p| p.attempt + 1 == attempt.attempt)?;
-            let ended = previous.ended_ms?;
-            (previous.failed && ended >= at && ended < next_at_ms).then_some((previous, attempt))
-        });
-        if let Some((previous, attempt)) = restart {
-            resume_figures(&mut summary, at, previous, attempt);
-        }
+        let restarts: Vec<(&AttemptRecord, &AttemptRecord)> = history
+            .iter()
+            .filter_map(|attempt| {
+                let previous = history.iter().find(|p| p.attempt + 1 == attempt.attempt)?;
+                let ended = previous.ended_ms?;
+                (previous.failed && ended >= at && ended < next_at_ms)
+                    .then_some((previous, attempt))
+            })
+            .collect();
+        resume_figures(&mut summary, at, &restarts);
     }
 
     summary.expectation_met = plan.expect.map(|expect| {
@@ -466,18 +473,31 @@ fn fault_summary(
 fn resume_figures(
     summary: &mut FaultSummary,
     at: u64,
-    previous: &AttemptRecord,
-    attempt: &AttemptRecord,
+    restarts: &[(&AttemptRecord, &AttemptRecord)],
 ) {
+    let Some((stopped, _)) = restarts.first() else { return };
     summary.job_restarted = true;
-    summary.last_step_before = previous.last_step;
-    summary.resumed_from_step = attempt.resumed_from_step;
-    summary.steps_lost = attempt.steps_lost;
-    if let (Some(first), Some(ended)) = (attempt.first_step_ms, previous.ended_ms) {
+    summary.restarts = restarts.len() as u32;
+    summary.last_step_before = stopped.last_step;
+    // The first attempt that stepped again is the resume; the restarts before it count in its
+    // time, all but their waits for nodes.
+    let Some(index) = restarts.iter().position(|(_, a)| a.first_step_ms.is_some()) else {
+        return;
+    };
+    let resumed = restarts[index].1;
+    summary.resumed_from_step = resumed.resumed_from_step;
+    summary.steps_lost = match (stopped.last_step, resumed.resumed_from_step) {
+        (Some(last), Some(from)) => Some(last.saturating_sub(from)),
+        _ => resumed.steps_lost,
+    };
+    if let Some(first) = resumed.first_step_ms {
         let total = seconds(at, first);
-        // Between the requeue (the previous attempt's end) and the new attempt's start the job
+        // Between a requeue (the previous attempt's end) and the next attempt's start the job
         // waited for nodes: the reboot, the validation, the spare. The target leaves that out.
-        let waiting = seconds(ended, attempt.started_ms);
+        let waiting: f64 = restarts[..=index]
+            .iter()
+            .map(|(previous, attempt)| seconds(previous.ended_ms.unwrap_or(at), attempt.started_ms))
+            .sum();
         summary.resume_total_s = Some(total);
         summary.waiting_for_nodes_s = Some(waiting);
         summary.resume_s = Some((total - waiting).max(0.0));
@@ -536,13 +556,14 @@ impl Summary {
                 let _ = writeln!(
                     out,
                     "  job's first step after resume: {} after the fault ({} without {} waiting for nodes); \
-                     resumed from step {} (last step before: {}), {} step(s) lost",
+                     resumed from step {} (last step before: {}), {} step(s) lost, {} restart(s)",
                     secs(f.resume_total_s),
                     secs(f.resume_s),
                     secs(f.waiting_for_nodes_s),
                     f.resumed_from_step.map_or("-".to_owned(), |s| s.to_string()),
                     f.last_step_before.map_or("-".to_owned(), |s| s.to_string()),
                     f.steps_lost.map_or("-".to_owned(), |s| s.to_string()),
+                    f.restarts,
                 );
             } else {
                 let _ = writeln!(out, "  the job was not restarted for it");
