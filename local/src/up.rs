@@ -19,6 +19,7 @@ use tokio::signal::unix::{SignalKind, signal};
 pub use self::fleet::{FinalLine, Fleet, FleetConfig, FleetError, NodeView};
 pub use self::supervisor::{Role, Supervisor};
 use self::view::View;
+use crate::scenario::{self, Scenario};
 
 /// The flags of `fleetmend up`.
 #[derive(Debug, Clone, clap::Args)]
@@ -58,8 +59,16 @@ pub struct UpArgs {
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub boot_delay: Duration,
     /// Run the fleet without a job (until Ctrl-C).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "scenario")]
     pub no_job: bool,
+    /// Run a scripted chaos scenario (`builtin`, or a TOML file) and end with its summary: each
+    /// fault's time to detect, to drain and to the job's first step after resume, steps lost, and
+    /// whether the final weights equal an uninterrupted run's. Exit 0 when every expectation held.
+    #[arg(long, value_name = "builtin|FILE")]
+    pub scenario: Option<String>,
+    /// With --scenario: print the summary as JSON.
+    #[arg(long, requires = "scenario")]
+    pub json: bool,
 }
 
 /// Exit status when the job failed or was cancelled.
@@ -140,7 +149,7 @@ async fn run(args: UpArgs) -> ExitCode {
         }
     };
     let state_dir = FleetConfig::default_state_dir(args.state_dir.clone());
-    let config = FleetConfig {
+    let mut config = FleetConfig {
         nodes: args.nodes,
         spares: args.spares,
         job: !args.no_job,
@@ -154,6 +163,16 @@ async fn run(args: UpArgs) -> ExitCode {
         boot_delay: args.boot_delay,
         ..FleetConfig::new(state_dir.clone(), exe)
     };
+    let scenario = match args.scenario.as_deref().map(Scenario::load).transpose() {
+        Ok(scenario) => scenario,
+        Err(err) => {
+            eprintln!("fleetmend up: {err}");
+            return ExitCode::from(EXIT_CANNOT_RUN);
+        }
+    };
+    if let Some(scenario) = &scenario {
+        scenario.configure(&mut config);
+    }
     // Registered before anything starts: a Ctrl-C during the start is seen once it is done, and
     // stops what was started.
     let (mut sigint, mut sigterm) =
@@ -164,7 +183,8 @@ async fn run(args: UpArgs) -> ExitCode {
                 return ExitCode::from(EXIT_CANNOT_RUN);
             }
         };
-    let tty = std::io::stdout().is_terminal();
+    // A scenario prints its own progress lines: the plain log, not the redrawn screen.
+    let tty = std::io::stdout().is_terminal() && scenario.is_none();
     let stderr = if tty {
         if let Err(err) = std::fs::create_dir_all(&state_dir) {
             eprintln!("fleetmend up: creating {}: {err}", state_dir.display());
@@ -198,6 +218,9 @@ async fn run(args: UpArgs) -> ExitCode {
     }
     let _ = stdout.flush();
 
+    if let Some(scenario) = &scenario {
+        return run_scenario(fleet, scenario, args.json, &mut sigint, &mut sigterm).await;
+    }
     let mut view = View::new(tty, fleet.started_ms());
     let refresh = if tty { TTY_REFRESH } else { LOG_REFRESH };
     let end = loop {
@@ -276,4 +299,47 @@ async fn run(args: UpArgs) -> ExitCode {
     let _ = stdout.flush();
     drop(stderr);
     code
+}
+
+/// `fleetmend up --scenario`: runs the scenario on the started fleet, prints its summary, stops
+/// everything.
+async fn run_scenario(
+    fleet: Fleet,
+    scenario: &Scenario,
+    json: bool,
+    sigint: &mut tokio::signal::unix::Signal,
+    sigterm: &mut tokio::signal::unix::Signal,
+) -> ExitCode {
+    let mut stdout = std::io::stdout();
+    let outcome = {
+        let mut progress = std::io::stdout();
+        tokio::select! {
+            summary = scenario::run(&fleet, scenario, &mut progress) => Ok(summary),
+            _ = sigint.recv() => Err(EXIT_SIGINT),
+            _ = sigterm.recv() => Err(EXIT_SIGTERM),
+        }
+    };
+    let _ = writeln!(stdout, "fleetmend up: stopping the agents and the repairer");
+    fleet.shutdown().await;
+    match outcome {
+        Ok(Ok(summary)) => {
+            if json {
+                match serde_json::to_string_pretty(&summary) {
+                    Ok(text) => {
+                        let _ = writeln!(stdout, "{text}");
+                    }
+                    Err(err) => eprintln!("fleetmend up: encoding the summary: {err}"),
+                }
+            } else {
+                let _ = write!(stdout, "{}", summary.render());
+            }
+            let _ = stdout.flush();
+            if summary.passed { ExitCode::SUCCESS } else { ExitCode::from(EXIT_JOB_FAILED) }
+        }
+        Ok(Err(err)) => {
+            eprintln!("fleetmend up: scenario {}: {err}", scenario.name);
+            ExitCode::from(EXIT_JOB_FAILED)
+        }
+        Err(code) => ExitCode::from(code),
+    }
 }

@@ -7,7 +7,7 @@
 //!   node → a reboot clears it; the job completes with an uninterrupted run's weights hash. Every
 //!   transition is checked in the repairer's event log, in order.
 //! - A storm: faults on 3 of 5 nodes at once → the breaker opens, nothing is rebooted, and the
-//!   critical breaker event is in the log the alert sinks deliver from.
+//!   critical breaker event reaches a webhook receiver.
 //! - A real network fault: two nodes in network namespaces, their data links veth pairs on a
 //!   bridge, each agent reading its namespace's real /sys and reporting over a control veth; one
 //!   data link set down → that agent's nic check fails → the repairer drains the node (and puts it
@@ -18,11 +18,13 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fleetmend_local::faults::Fault;
 use fleetmend_local::scenario::{self, Expect, Scenario};
 use fleetmend_local::up::{Fleet, FleetConfig};
+use fleetmend_repairer::alerts::SinkConfig;
 use fleetmend_tests::{
     Running, fleetmend_bin, free_port, http_get, poll_until, run_with_timeout, start_repairer,
 };
@@ -290,11 +292,39 @@ fn builtin_scenario_replaces_a_persistent_xid_79_reboots_a_transient_xid_48_and_
     });
 }
 
+/// A webhook receiver on a free port: every JSON body POSTed to it, in order.
+async fn alert_receiver() -> (SocketAddr, Arc<Mutex<Vec<Value>>>) {
+    let received: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let sink = received.clone();
+    let app = axum::Router::new().route(
+        "/alerts",
+        axum::routing::post(move |axum::Json(body): axum::Json<Value>| {
+            let sink = sink.clone();
+            async move {
+                sink.lock().unwrap().push(body);
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (addr, received)
+}
+
 #[test]
 fn a_storm_on_3_of_5_nodes_opens_the_breaker_and_nothing_is_rebooted() {
     runtime().block_on(async {
         let dir = tempfile::tempdir().unwrap();
-        let config = FleetConfig { job: false, ..test_config(dir.path()) };
+        // A webhook receiver: the breaker's alert must reach it.
+        let (receiver, received) = alert_receiver().await;
+        let sink = SinkConfig {
+            name: "pager".to_owned(),
+            kind: "webhook".to_owned(),
+            url: format!("http://{receiver}/alerts"),
+            ..SinkConfig::default()
+        };
+        let config = FleetConfig { job: false, alert_sinks: vec![sink], ..test_config(dir.path()) };
         let fleet = Fleet::start(config).await.unwrap();
         let supervisor = fleet.supervisor().clone();
         let nodes = ["node-1", "node-2", "node-3", "node-4", "node-5"];
@@ -334,6 +364,16 @@ fn a_storm_on_3_of_5_nodes_opens_the_breaker_and_nothing_is_rebooted() {
             breaker["reason"].as_str().unwrap().starts_with("3 of 5 nodes turned unhealthy"),
             "{breaker}"
         );
+        // The alert went out: the critical breaker event, as the webhook sink sends it.
+        let alerted = poll_async(Duration::from_secs(10), || {
+            received
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|a| a["kind"] == "breaker" && a["id"] == breaker["id"])
+        })
+        .await;
+        assert!(alerted, "no breaker alert reached the receiver: {:?}", received.lock().unwrap());
         // Every node that lost a GPU is held (breaker or the unavailable cap), none repaired.
         for node in &nodes[..3] {
             assert!(

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fleetmend_repairer::alerts::SinkConfig;
 use fleetmend_repairer::config::{RepairerConfig, SchedulerKind};
 use fleetmend_repairer::engine::{Engine, now_ms};
 use fleetmend_repairer::model::{Event, NodeState};
@@ -62,6 +63,8 @@ pub struct FleetConfig {
     /// How the repairer acts on its decisions (dry-run: it acts on nothing, for tests that drive
     /// the provider by hand).
     pub mode: Mode,
+    /// Alert sinks of the repairer (CloudWatch-style, Alertmanager, webhook): none by default.
+    pub alert_sinks: Vec<SinkConfig>,
 }
 
 impl FleetConfig {
@@ -84,6 +87,7 @@ impl FleetConfig {
             join_timeout: Duration::from_secs(60),
             exe,
             mode: Mode::Enforce,
+            alert_sinks: Vec::new(),
         }
     }
 
@@ -558,6 +562,9 @@ impl Fleet {
         workflow.validate_timeout = Duration::from_secs(30);
         workflow.retry_max = Duration::from_secs(5);
         repairer.policy.mode = config.mode;
+        repairer.alerts.sinks = config.alert_sinks.clone();
+        // A local fleet's alerts go out within a fraction of a second.
+        repairer.alerts.poll_interval = Duration::from_millis(200);
         // One machine's fleet: a repaired node may be acted on again within a minute.
         repairer.policy.guard_rails.cooldown = Duration::from_secs(60);
         let queue = &mut repairer.queue;
@@ -565,13 +572,9 @@ impl Fleet {
         queue.start_timeout = Duration::from_secs(60);
         queue.checkpoint_grace = Duration::from_secs(15);
         queue.stop_grace = config.rank_stop_grace + Duration::from_secs(5);
-        // Rendezvous ports away from the default range, which other fleets on the machine use.
-        let base = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .unwrap_or(29500);
-        queue.master_port_min = base;
-        queue.master_port_max = base.saturating_add(200);
+        let (min, max) = rendezvous_ports(Path::new("/proc"));
+        queue.master_port_min = min;
+        queue.master_port_max = max;
         repairer
     }
 
@@ -881,5 +884,45 @@ mod tests {
         assert_eq!(repairer.engine.tick, Duration::from_millis(100));
         assert_eq!(repairer.queue.tick, Duration::from_millis(100));
         assert!(repairer.engine.workflow.reboot_timeout <= Duration::from_secs(60));
+    }
+}
+
+/// Ports rank 0 of the job may listen on: a window of 200 below the kernel's ephemeral range (where
+/// outgoing connections take their local ports, so a listener there can find its port taken) and
+/// away from torchrun's default 29500, at a random offset so fleets on one machine rarely meet.
+fn rendezvous_ports(procfs: &Path) -> (u16, u16) {
+    const LOWEST: u16 = 10_000;
+    const WIDTH: u16 = 200;
+    let ephemeral_min = std::fs::read_to_string(procfs.join("sys/net/ipv4/ip_local_port_range"))
+        .ok()
+        .and_then(|text| text.split_whitespace().next().and_then(|p| p.parse::<u16>().ok()))
+        .unwrap_or(32_768);
+    let top = ephemeral_min.saturating_sub(WIDTH).max(LOWEST + WIDTH);
+    let windows = (top - LOWEST) / WIDTH;
+    let mut min = LOWEST + WIDTH * fastrand::u16(0..windows.max(1));
+    if (29_300..=29_700).contains(&min) {
+        min = LOWEST;
+    }
+    (min, min + WIDTH - 1)
+}
+
+#[cfg(test)]
+mod rendezvous_port_tests {
+    use super::*;
+
+    #[test]
+    fn rendezvous_ports_stay_below_the_ephemeral_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("sys/net/ipv4/ip_local_port_range");
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, "32768\t60999\n").unwrap();
+        for _ in 0..200 {
+            let (min, max) = rendezvous_ports(dir.path());
+            assert!(min >= 10_000 && max < 32_768 && max - min == 199, "{min}..{max}");
+            assert!(!(min..=max).contains(&29_500), "{min}..{max}");
+        }
+        // Without the file: the kernel's default range is assumed.
+        let (min, max) = rendezvous_ports(&dir.path().join("missing"));
+        assert!(min >= 10_000 && max < 32_768, "{min}..{max}");
     }
 }
