@@ -33,10 +33,13 @@ pub struct RepairerConfig {
     /// Largest request body accepted, in bytes.
     pub max_body_bytes: usize,
     /// Which scheduler the repairer drives: `memory` keeps drain state in the repairer only (no
-    /// scheduler integrated yet, tests); `embedded` runs the bundled job queue (`[queue]`).
+    /// scheduler integrated yet, tests); `embedded` runs the bundled job queue (`[queue]`);
+    /// `slurm` drives a Slurm cluster (`[slurm]`).
     pub scheduler: SchedulerKind,
     /// The embedded job queue (used when `scheduler = "embedded"`).
     pub queue: crate::queue::QueueConfig,
+    /// How to reach Slurm (used when `scheduler = "slurm"`).
+    pub slurm: crate::slurm::SlurmConfig,
     pub policy: Policy,
     pub engine: EngineConfig,
     pub provider: ProviderConfig,
@@ -53,6 +56,8 @@ pub enum SchedulerKind {
     Memory,
     /// The bundled job queue, inside the repairer.
     Embedded,
+    /// A Slurm cluster, through its client commands (`[slurm]`).
+    Slurm,
 }
 
 /// Traces (`[telemetry]`).
@@ -93,6 +98,7 @@ impl Default for RepairerConfig {
             max_body_bytes: 1 << 20,
             scheduler: SchedulerKind::Memory,
             queue: crate::queue::QueueConfig::default(),
+            slurm: crate::slurm::SlurmConfig::default(),
             policy: Policy::default(),
             engine: EngineConfig::default(),
             provider: ProviderConfig::default(),
@@ -186,6 +192,7 @@ impl RepairerConfig {
             push("engine.tick", "must be greater than zero");
         }
         problems.extend(self.queue.problems("queue"));
+        problems.extend(self.slurm.problems("slurm"));
         if self.scheduler == SchedulerKind::Embedded
             && self.listen.ip().is_unspecified()
             && self.queue.progress_base_url.is_none()

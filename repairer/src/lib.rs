@@ -16,6 +16,7 @@ pub mod provider;
 pub mod queue;
 pub mod scheduler;
 pub mod service;
+pub mod slurm;
 pub mod store;
 pub mod telemetry;
 pub mod workflow;

@@ -12,6 +12,7 @@ use crate::provider::Provider;
 use crate::provider::config::{ProviderDeps, build as build_provider};
 use crate::queue::JobQueue;
 use crate::scheduler::{FakeScheduler, Scheduler};
+use crate::slurm::SlurmScheduler;
 use crate::store::Store;
 use crate::telemetry::WorkflowTracer;
 
@@ -120,6 +121,9 @@ pub async fn start_with(
                     unreachable_window,
                 )?;
                 (queue.clone(), Some(queue))
+            }
+            (None, SchedulerKind::Slurm) => {
+                (Arc::new(SlurmScheduler::new(config.slurm.clone())), None)
             }
         };
     let provider = match provider {

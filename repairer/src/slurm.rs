@@ -1,0 +1,592 @@
+//! The Slurm scheduler backend: drives a real Slurm cluster through its client commands
+//! (`scontrol`, `squeue`, `scancel`), each call with a timeout and its stderr in the error.
+//!
+//! Drains carry an owned reason (`fleetmend: ...`); undrain resumes only nodes whose reason is
+//! fleetmend's, never an admin's drain. Requeue starts the job at once instead of leaving it
+//! ineligible for Slurm's ~120 s BeginTime.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde::Deserialize;
+use tokio::time::Instant;
+
+use crate::scheduler::{
+    BoxFuture, DRAIN_REASON_PREFIX, JobRef, Scheduler, SchedulerError, UndrainOutcome,
+};
+
+const NAME: &str = "slurm";
+
+/// Longest stderr kept in an error, in bytes.
+const STDERR_LIMIT: usize = 2048;
+
+/// How often requeue looks at a job that is still completing.
+const REQUEUE_POLL: Duration = Duration::from_millis(100);
+
+/// `[slurm]`: how the repairer reaches Slurm (used when `scheduler = "slurm"`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SlurmConfig {
+    /// Directory of the Slurm client commands (`scontrol`, `squeue`, `scancel`). Unset: they are
+    /// found on `PATH`.
+    pub bin_dir: Option<PathBuf>,
+    /// `SLURM_CONF` for every call. Unset: the repairer's own environment, else Slurm's default
+    /// (`/etc/slurm/slurm.conf`).
+    pub slurm_conf: Option<PathBuf>,
+    /// fleetmend node name → Slurm node name, where they differ. Nodes not listed have the same
+    /// name in both.
+    pub node_names: BTreeMap<String, String>,
+    /// Longest one Slurm command may take before it is killed and the call fails.
+    #[serde(with = "humantime_serde")]
+    pub command_timeout: Duration,
+    /// Longest requeue waits for the job to leave `COMPLETING` before it starts it at once.
+    #[serde(with = "humantime_serde")]
+    pub requeue_settle_timeout: Duration,
+}
+
+impl Default for SlurmConfig {
+    fn default() -> Self {
+        SlurmConfig {
+            bin_dir: None,
+            slurm_conf: None,
+            node_names: BTreeMap::new(),
+            command_timeout: Duration::from_secs(10),
+            requeue_settle_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl SlurmConfig {
+    /// Every problem, each naming its field under `prefix`.
+    pub fn problems(&self, prefix: &str) -> Vec<(String, String)> {
+        let mut problems = Vec::new();
+        if self.command_timeout.is_zero() {
+            problems.push((
+                format!("{prefix}.command_timeout"),
+                "must be greater than zero".to_owned(),
+            ));
+        }
+        if self.requeue_settle_timeout.is_zero() {
+            problems.push((
+                format!("{prefix}.requeue_settle_timeout"),
+                "must be greater than zero".to_owned(),
+            ));
+        }
+        let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
+        for (node, slurm_name) in &self.node_names {
+            let field = format!("{prefix}.node_names.{node}");
+            if !is_plain_name(node) {
+                problems.push((field.clone(), "the fleetmend name is not a node name".to_owned()));
+            }
+            if !is_plain_name(slurm_name) {
+                problems.push((field.clone(), format!("{slurm_name:?} is not a Slurm node name")));
+            }
+            if let Some(other) = seen.insert(slurm_name, node) {
+                problems.push((
+                    field,
+                    format!("Slurm node {slurm_name:?} is already the name of {other:?}"),
+                ));
+            }
+        }
+        problems
+    }
+}
+
+/// A name Slurm's commands take as one node (not a list, not an option, no spaces).
+fn is_plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('-')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// What `scontrol show node` says about a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlurmNode {
+    /// `State=`, e.g. `IDLE+DRAIN`.
+    pub state: String,
+    /// `Reason=` without the `[user@time]` stamp Slurm appends; `None` when it has none.
+    pub reason: Option<String>,
+}
+
+impl SlurmNode {
+    /// The base state and flags, upper case (`IDLE`, `DRAIN`, `NOT_RESPONDING`...).
+    fn state_words(&self) -> impl Iterator<Item = &str> {
+        self.state.split('+')
+    }
+
+    /// Drained or draining.
+    pub fn is_drained(&self) -> bool {
+        self.state_words().any(|w| w == "DRAIN")
+    }
+
+    /// Out of scheduling for any reason fleetmend could have to undo (drained, down, failed).
+    fn is_out(&self) -> bool {
+        self.state_words().any(|w| matches!(w, "DRAIN" | "DOWN" | "FAIL" | "FAILING"))
+    }
+
+    fn reason_is_ours(&self) -> bool {
+        self.reason.as_deref().is_some_and(|r| r.starts_with(DRAIN_REASON_PREFIX))
+    }
+}
+
+/// Parses `scontrol show node NODE` (the multi-line form).
+pub fn parse_show_node(text: &str) -> Option<SlurmNode> {
+    let mut state = None;
+    let mut reason = None;
+    for line in text.lines() {
+        let line = line.trim();
+        if let Some(value) = line.strip_prefix("Reason=") {
+            // "maintenance now [root@2026-11-29T21:47:06]": the stamp is the last " [".
+            let value = match value.rfind(" [") {
+                Some(at) if value.ends_with(']') => &value[..at],
+                _ => value,
+            };
+            if !value.is_empty() && value != "(null)" {
+                reason = Some(value.to_owned());
+            }
+            continue;
+        }
+        for token in line.split_whitespace() {
+            if let Some(value) = token.strip_prefix("State=") {
+                state = Some(value.to_owned());
+            }
+        }
+    }
+    Some(SlurmNode { state: state?, reason })
+}
+
+/// A Slurm command's result.
+struct Output {
+    stdout: String,
+}
+
+/// The Slurm backend.
+#[derive(Debug, Clone)]
+pub struct SlurmScheduler {
+    config: SlurmConfig,
+    /// Slurm node name → fleetmend node name.
+    from_slurm: BTreeMap<String, String>,
+}
+
+impl SlurmScheduler {
+    pub fn new(config: SlurmConfig) -> SlurmScheduler {
+        let from_slurm =
+            config.node_names.iter().map(|(ours, theirs)| (theirs.clone(), ours.clone())).collect();
+        SlurmScheduler { config, from_slurm }
+    }
+
+    /// The Slurm name of fleetmend's `node`.
+    pub fn slurm_name<'a>(&'a self, node: &'a str) -> &'a str {
+        self.config.node_names.get(node).map_or(node, String::as_str)
+    }
+
+    /// fleetmend's name of Slurm's `node`.
+    pub fn fleetmend_name<'a>(&'a self, node: &'a str) -> &'a str {
+        self.from_slurm.get(node).map_or(node, String::as_str)
+    }
+
+    fn program(&self, name: &str) -> PathBuf {
+        match &self.config.bin_dir {
+            Some(dir) => dir.join(name),
+            None => PathBuf::from(name),
+        }
+    }
+
+    /// Runs one Slurm command with the configured timeout; a non-zero exit is an error with
+    /// the command and its stderr.
+    async fn run(
+        &self,
+        operation: &'static str,
+        program: &str,
+        args: &[&str],
+    ) -> Result<Output, CommandFailure> {
+        let path = self.program(program);
+        let mut command = tokio::process::Command::new(&path);
+        command
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(conf) = &self.config.slurm_conf {
+            command.env("SLURM_CONF", conf);
+        }
+        let line = format!("{} {}", path.display(), args.join(" "));
+        let child = command.spawn().map_err(|err| {
+            CommandFailure::Error(SchedulerError::Failed {
+                scheduler: NAME,
+                operation,
+                message: format!("starting {line}: {err}"),
+            })
+        })?;
+        let output =
+            match tokio::time::timeout(self.config.command_timeout, child.wait_with_output()).await
+            {
+                Ok(Ok(output)) => output,
+                Ok(Err(err)) => {
+                    return Err(CommandFailure::Error(SchedulerError::Failed {
+                        scheduler: NAME,
+                        operation,
+                        message: format!("waiting for {line}: {err}"),
+                    }));
+                }
+                // The child is killed when its future drops (kill_on_drop).
+                Err(_) => {
+                    return Err(CommandFailure::Error(SchedulerError::Timeout {
+                        scheduler: NAME,
+                        operation,
+                    }));
+                }
+            };
+        if output.status.success() {
+            return Ok(Output { stdout: String::from_utf8_lossy(&output.stdout).into_owned() });
+        }
+        let mut stderr = String::from_utf8_lossy(&output.stderr).trim().to_owned();
+        if stderr.len() > STDERR_LIMIT {
+            let mut cut = STDERR_LIMIT;
+            while !stderr.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            stderr.truncate(cut);
+            stderr.push_str("...");
+        }
+        // Some "not found" answers come on stdout (`scontrol show node`).
+        if stderr.is_empty() {
+            stderr =
+                String::from_utf8_lossy(&output.stdout).trim().chars().take(STDERR_LIMIT).collect();
+        }
+        Err(CommandFailure::Exit { operation, line, status: output.status.to_string(), stderr })
+    }
+
+    /// What Slurm says about fleetmend's `node`.
+    pub async fn show_node(&self, node: &str) -> Result<SlurmNode, SchedulerError> {
+        self.show_node_for("show_node", node).await
+    }
+
+    async fn show_node_for(
+        &self,
+        operation: &'static str,
+        node: &str,
+    ) -> Result<SlurmNode, SchedulerError> {
+        let name = self.slurm_name(node);
+        let output = self
+            .run(operation, "scontrol", &["show", "node", name])
+            .await
+            .map_err(|failure| failure.node_error(node))?;
+        parse_show_node(&output.stdout).ok_or_else(|| SchedulerError::Failed {
+            scheduler: NAME,
+            operation,
+            message: format!("scontrol show node {name}: no State= in {:?}", output.stdout),
+        })
+    }
+
+    /// The state (`PENDING`, `RUNNING`, `COMPLETING`...) of `job`.
+    pub async fn job_state(&self, job: &str) -> Result<String, SchedulerError> {
+        self.job_state_for("job_state", job).await
+    }
+
+    async fn job_state_for(
+        &self,
+        operation: &'static str,
+        job: &str,
+    ) -> Result<String, SchedulerError> {
+        check_job_id(operation, job)?;
+        let output = self
+            .run(operation, "squeue", &["-h", "-t", "all", "-j", job, "-o", "%T"])
+            .await
+            .map_err(|failure| failure.job_error(job))?;
+        output
+            .stdout
+            .lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .map(str::to_owned)
+            .ok_or_else(|| SchedulerError::UnknownJob { scheduler: NAME, job: job.to_owned() })
+    }
+}
+
+/// Job ids go to Slurm's commands as arguments: only plain ids (`123`, `123_4` array tasks).
+fn check_job_id(operation: &'static str, job: &str) -> Result<(), SchedulerError> {
+    if !job.is_empty() && job.chars().all(|c| c.is_ascii_digit() || c == '_') {
+        Ok(())
+    } else {
+        Err(SchedulerError::Failed {
+            scheduler: NAME,
+            operation,
+            message: format!("{job:?} is not a Slurm job id"),
+        })
+    }
+}
+
+/// A command that did not succeed, before it is known what it was about.
+enum CommandFailure {
+    Error(SchedulerError),
+    Exit { operation: &'static str, line: String, status: String, stderr: String },
+}
+
+impl CommandFailure {
+    fn into_error(self) -> SchedulerError {
+        match self {
+            CommandFailure::Error(err) => err,
+            CommandFailure::Exit { operation, line, status, stderr } => SchedulerError::Failed {
+                scheduler: NAME,
+                operation,
+                message: format!("{line}: {status}: {stderr}"),
+            },
+        }
+    }
+
+    /// Slurm's "Node X not found" becomes [`SchedulerError::UnknownNode`].
+    fn node_error(self, node: &str) -> SchedulerError {
+        match &self {
+            CommandFailure::Exit { stderr, .. }
+                if stderr.contains("not found") || stderr.contains("Invalid node name") =>
+            {
+                SchedulerError::UnknownNode { scheduler: NAME, node: node.to_owned() }
+            }
+            _ => self.into_error(),
+        }
+    }
+
+    /// Slurm's "Invalid job id specified" becomes [`SchedulerError::UnknownJob`].
+    fn job_error(self, job: &str) -> SchedulerError {
+        match &self {
+            CommandFailure::Exit { stderr, .. } if stderr.contains("Invalid job id") => {
+                SchedulerError::UnknownJob { scheduler: NAME, job: job.to_owned() }
+            }
+            _ => self.into_error(),
+        }
+    }
+}
+
+impl Scheduler for SlurmScheduler {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn drain<'a>(
+        &'a self,
+        node: &'a str,
+        reason: &'a str,
+    ) -> BoxFuture<'a, Result<(), SchedulerError>> {
+        Box::pin(async move {
+            let current = self.show_node_for("drain", node).await?;
+            // Already drained: by fleetmend (idempotent), or by an admin whose reason stays.
+            if current.is_drained() {
+                return Ok(());
+            }
+            let name = self.slurm_name(node);
+            let reason_arg = format!("Reason={reason}");
+            let name_arg = format!("NodeName={name}");
+            self.run("drain", "scontrol", &["update", &name_arg, "State=DRAIN", &reason_arg])
+                .await
+                .map_err(|failure| failure.node_error(node))?;
+            Ok(())
+        })
+    }
+
+    fn undrain<'a>(
+        &'a self,
+        node: &'a str,
+    ) -> BoxFuture<'a, Result<UndrainOutcome, SchedulerError>> {
+        Box::pin(async move {
+            let current = self.show_node_for("undrain", node).await?;
+            if !current.is_out() {
+                return Ok(UndrainOutcome::NotDrained);
+            }
+            if !current.reason_is_ours() {
+                return Ok(UndrainOutcome::DrainedByOther(current.reason.unwrap_or_default()));
+            }
+            let name_arg = format!("NodeName={}", self.slurm_name(node));
+            self.run("undrain", "scontrol", &["update", &name_arg, "State=RESUME"])
+                .await
+                .map_err(|failure| failure.node_error(node))?;
+            Ok(UndrainOutcome::Undrained)
+        })
+    }
+
+    fn jobs_on<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<Vec<JobRef>, SchedulerError>> {
+        Box::pin(async move {
+            let name = self.slurm_name(node);
+            let output = self
+                .run(
+                    "jobs_on",
+                    "squeue",
+                    &["-h", "-w", name, "-t", "RUNNING,SUSPENDED,CONFIGURING", "-o", "%i|%N"],
+                )
+                .await
+                .map_err(|failure| failure.node_error(node))?;
+            let mut jobs = Vec::new();
+            for line in output.stdout.lines() {
+                let Some((id, nodelist)) = line.trim().split_once('|') else {
+                    continue;
+                };
+                let hostnames = self
+                    .run("jobs_on", "scontrol", &["show", "hostnames", nodelist])
+                    .await
+                    .map_err(CommandFailure::into_error)?;
+                let nodes = hostnames
+                    .stdout
+                    .lines()
+                    .map(str::trim)
+                    .filter(|n| !n.is_empty())
+                    .map(|n| self.fleetmend_name(n).to_owned())
+                    .collect();
+                jobs.push(JobRef { id: id.trim().to_owned(), nodes });
+            }
+            Ok(jobs)
+        })
+    }
+
+    fn checkpoint<'a>(&'a self, job: &'a str) -> BoxFuture<'a, Result<(), SchedulerError>> {
+        Box::pin(async move {
+            check_job_id("checkpoint", job)?;
+            // --full: the batch script and every step (plain --signal skips the batch shell).
+            self.run("checkpoint", "scancel", &["--signal=USR1", "--full", job])
+                .await
+                .map_err(|failure| failure.job_error(job))?;
+            Ok(())
+        })
+    }
+
+    fn requeue<'a>(&'a self, job: &'a str) -> BoxFuture<'a, Result<(), SchedulerError>> {
+        Box::pin(async move {
+            check_job_id("requeue", job)?;
+            self.run("requeue", "scontrol", &["requeue", job])
+                .await
+                .map_err(|failure| failure.job_error(job))?;
+            // Slurm sets BeginTime ~120 s ahead when the requeued job leaves COMPLETING; a
+            // StartTime set before then is overwritten, so wait for it to be pending first.
+            let deadline = Instant::now() + self.config.requeue_settle_timeout;
+            loop {
+                let state = self.job_state_for("requeue", job).await?;
+                if state != "COMPLETING" {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    return Err(SchedulerError::Failed {
+                        scheduler: NAME,
+                        operation: "requeue",
+                        message: format!(
+                            "job {job} still completing {:?} after the requeue; it will start \
+                             after Slurm's BeginTime",
+                            self.config.requeue_settle_timeout
+                        ),
+                    });
+                }
+                tokio::time::sleep(REQUEUE_POLL).await;
+            }
+            let job_arg = format!("JobId={job}");
+            self.run("requeue", "scontrol", &["update", &job_arg, "StartTime=now"])
+                .await
+                .map_err(|failure| failure.job_error(job))?;
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    const DRAINED: &str = "NodeName=node3 Arch=x86_64 CoresPerSocket=1 \n   CPUAlloc=0 CPUEfctv=2\n   \
+        State=IDLE+DRAIN ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A\n   \
+        Partitions=dev \n   Reason=maintenance now [root@2026-11-29T21:47:06]\n\n";
+
+    #[test]
+    fn parses_state_and_reason_without_the_stamp() {
+        let node = parse_show_node(DRAINED).unwrap();
+        assert_eq!(node.state, "IDLE+DRAIN");
+        assert_eq!(node.reason.as_deref(), Some("maintenance now"));
+        assert!(node.is_drained());
+        assert!(!node.reason_is_ours());
+        let ours = parse_show_node(
+            "   State=MIXED+DRAIN ThreadsPerCore=1\n   Reason=fleetmend: xid 79 [gpu 3] [root@2026-11-29T21:47:09]\n",
+        )
+        .unwrap();
+        assert_eq!(ours.reason.as_deref(), Some("fleetmend: xid 79 [gpu 3]"));
+        assert!(ours.reason_is_ours());
+        let idle = parse_show_node("   State=IDLE ThreadsPerCore=1\n").unwrap();
+        assert!(!idle.is_drained() && !idle.is_out());
+        assert_eq!(idle.reason, None);
+        let down = parse_show_node(
+            "   State=DOWN+NOT_RESPONDING x=1\n   Reason=Not responding [slurm@2026]\n",
+        )
+        .unwrap();
+        assert!(down.is_out() && !down.is_drained());
+        assert_eq!(parse_show_node("nothing here"), None);
+    }
+
+    #[test]
+    fn node_names_map_both_ways_identity_by_default() {
+        let mut config = SlurmConfig::default();
+        config.node_names.insert("gpu-a".to_owned(), "node1".to_owned());
+        let slurm = SlurmScheduler::new(config);
+        assert_eq!(slurm.slurm_name("gpu-a"), "node1");
+        assert_eq!(slurm.slurm_name("node2"), "node2");
+        assert_eq!(slurm.fleetmend_name("node1"), "gpu-a");
+        assert_eq!(slurm.fleetmend_name("node2"), "node2");
+    }
+
+    #[test]
+    fn validation_names_every_bad_field() {
+        let mut config = SlurmConfig {
+            command_timeout: Duration::ZERO,
+            requeue_settle_timeout: Duration::ZERO,
+            ..SlurmConfig::default()
+        };
+        config.node_names.insert("a".to_owned(), "node1".to_owned());
+        config.node_names.insert("b".to_owned(), "node1".to_owned());
+        config.node_names.insert("c".to_owned(), "node[1-2]".to_owned());
+        let fields: Vec<String> = config.problems("slurm").into_iter().map(|p| p.0).collect();
+        assert_eq!(
+            fields,
+            [
+                "slurm.command_timeout",
+                "slurm.requeue_settle_timeout",
+                "slurm.node_names.b",
+                "slurm.node_names.c"
+            ]
+        );
+        assert!(SlurmConfig::default().problems("slurm").is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_missing_command_is_an_error_naming_it() {
+        let slurm = SlurmScheduler::new(SlurmConfig {
+            bin_dir: Some(PathBuf::from("/nonexistent/slurm/bin")),
+            ..SlurmConfig::default()
+        });
+        let err = slurm.drain("node1", "fleetmend: test").await.unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/slurm/bin/scontrol"), "{err}");
+        let err = slurm.checkpoint("1; rm").await.unwrap_err();
+        assert!(err.to_string().contains("not a Slurm job id"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_hanging_command_times_out_and_stderr_is_in_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, body: &str| {
+            use std::os::unix::fs::PermissionsExt;
+            let path = dir.path().join(name);
+            std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        };
+        write("scontrol", "exec sleep 30");
+        write("scancel", "echo 'scancel: error: Kill job error on job id 7: boom' >&2; exit 1");
+        let slurm = SlurmScheduler::new(SlurmConfig {
+            bin_dir: Some(dir.path().to_owned()),
+            command_timeout: Duration::from_millis(200),
+            ..SlurmConfig::default()
+        });
+        let started = std::time::Instant::now();
+        let err = slurm.undrain("node1").await.unwrap_err();
+        assert!(matches!(err, SchedulerError::Timeout { operation: "undrain", .. }), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let err = slurm.checkpoint("7").await.unwrap_err();
+        assert!(err.to_string().contains("boom"), "{err}");
+    }
+}
