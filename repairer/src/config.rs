@@ -264,6 +264,26 @@ mod tests {
     }
 
     #[test]
+    fn the_slurm_scheduler_and_its_section_parse_and_validate() {
+        let config = RepairerConfig::parse(
+            "listen = \"127.0.0.1:9830\"\nscheduler = \"slurm\"\n[slurm]\n\
+             slurm_conf = \"/etc/slurm/slurm.conf\"\ncommand_timeout = \"5s\"\n\
+             [slurm.node_names]\n\"gpu-a\" = \"a1\"",
+        )
+        .unwrap();
+        assert_eq!(config.scheduler, SchedulerKind::Slurm);
+        assert_eq!(config.slurm.command_timeout, std::time::Duration::from_secs(5));
+        assert_eq!(config.slurm.node_names.get("gpu-a").map(String::as_str), Some("a1"));
+        assert!(config.problems().is_empty(), "{:?}", config.problems());
+        let config =
+            RepairerConfig::parse("listen = \"127.0.0.1:9830\"\n[slurm]\ncommand_timeout = \"0s\"")
+                .unwrap();
+        let fields: Vec<String> = config.problems().into_iter().map(|p| p.0).collect();
+        assert_eq!(fields, ["slurm.command_timeout"]);
+        assert!(RepairerConfig::parse("[slurm]\nbinaries = \"/usr\"").is_err());
+    }
+
+    #[test]
     fn the_embedded_queue_needs_a_progress_url_on_an_unspecified_address() {
         let config = RepairerConfig::parse(
             "agent_token = \"a\"\nadmin_token = \"b\"\nscheduler = \"embedded\"",
