@@ -130,7 +130,7 @@ pub async fn start(config: AgentConfig) -> Result<RunningAgent, AgentError> {
             executor.run().await;
             Ok(())
         });
-        let reporter = reporter.with_commands(commands);
+        let reporter = reporter.with_commands(commands).with_metrics_port(local_addr.port());
         let state = Arc::clone(&state);
         tasks.spawn(async move {
             reporter.run(state).await;

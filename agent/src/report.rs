@@ -42,6 +42,9 @@ pub struct Reporter {
     config: ReportConfig,
     /// Where the repairer's commands go; none: they are logged and ignored.
     commands: Option<Arc<Commands>>,
+    /// The port this agent serves `/metrics` on, told in every report so the repairer can serve
+    /// Prometheus service discovery (only the bound listener knows it: `listen` may say port 0).
+    metrics_port: Option<u16>,
 }
 
 impl Reporter {
@@ -75,12 +78,19 @@ impl Reporter {
             token,
             config: config.clone(),
             commands: None,
+            metrics_port: None,
         }))
     }
 
     /// Hands the repairer's commands to `commands` and carries their results in reports.
     pub fn with_commands(mut self, commands: Arc<Commands>) -> Reporter {
         self.commands = Some(commands);
+        self
+    }
+
+    /// Tells the repairer in every report that `/metrics` is served on `port`.
+    pub fn with_metrics_port(mut self, port: u16) -> Reporter {
+        self.metrics_port = Some(port);
         self
     }
 
@@ -129,6 +139,7 @@ impl Reporter {
             // Seen before the ranks are read: an exit after this point sends another report.
             let generation = exits.as_mut().map(|exits| *exits.borrow_and_update());
             let mut report = build_report(&state, seq, trigger);
+            report.metrics_port = self.metrics_port;
             if let Some(commands) = &self.commands {
                 report.command_results = commands.outbox().pending();
                 if let Some(ranks) = commands.ranks() {
@@ -241,6 +252,7 @@ pub fn build_report(state: &AgentState, seq: u64, trigger: ReportTrigger) -> Rep
         command_results: Vec::new(),
         address: None,
         ranks: Vec::new(),
+        metrics_port: None,
     }
 }
 

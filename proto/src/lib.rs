@@ -292,6 +292,10 @@ pub struct Report {
     /// The ranks of jobs this agent runs or ran recently (see [`RankStatus`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ranks: Vec<RankStatus>,
+    /// The port the agent serves `/metrics` on, so the repairer can hand Prometheus a scrape target
+    /// (`address`, or the node name, and this port). Absent from agents older than this field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_port: Option<u16>,
 }
 
 /// Command kinds a repairer may send to an agent.

@@ -642,6 +642,7 @@ impl ReportWriter {
                 command_results: Vec::new(),
                 address: None,
                 ranks: Vec::new(),
+                metrics_port: None,
             },
             fatal: fatal_finding(),
             warn: warn_finding(),

@@ -155,6 +155,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/v1/breaker", get(breaker))
         .route("/v1/breaker/close", post(close_breaker))
         .route("/v1/subscriptions", get(subscriptions))
+        .route("/v1/sd/prometheus", get(prometheus_sd))
         .route("/v1/jobs", get(list_jobs).post(submit_job))
         .route("/v1/jobs/{id}", get(job_detail))
         .route("/v1/jobs/{id}/cancel", post(cancel_job))
@@ -338,6 +339,51 @@ async fn list_nodes(
 ) -> Result<Response, ApiError> {
     authorize(&headers, None, &state.tokens.admin)?;
     Ok(axum::Json(state.engine.summaries()).into_response())
+}
+
+/// One target group of Prometheus HTTP service discovery (`http_sd_configs`).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct TargetGroup {
+    pub targets: Vec<String>,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// `GET /v1/sd/prometheus`: every node's agent (labels `node`, `state`, `component="agent"`) and
+/// the repairer itself (`component="repairer"`), for Prometheus's `http_sd_configs`. Retired
+/// nodes are left out: they are gone, and scraping them would only fire agent-down alerts.
+///
+/// The repairer's own target is the `Host` the request was sent to: the address Prometheus
+/// reaches it at, which the repairer's listen address (often 0.0.0.0) does not tell.
+async fn prometheus_sd(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    authorize(&headers, None, &state.tokens.admin)?;
+    let mut groups: Vec<TargetGroup> = state
+        .engine
+        .scrape_targets()
+        .into_iter()
+        .filter(|(_, node_state, _)| *node_state != crate::model::NodeState::Retired)
+        .map(|(node, node_state, target)| TargetGroup {
+            targets: vec![target],
+            labels: BTreeMap::from([
+                ("component".to_owned(), "agent".to_owned()),
+                ("node".to_owned(), node),
+                ("state".to_owned(), node_state.as_str().to_owned()),
+            ]),
+        })
+        .collect();
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .filter(|h| !h.is_empty() && h.chars().all(|c| c.is_ascii_graphic() && c != '/'));
+    if let Some(host) = host {
+        groups.push(TargetGroup {
+            targets: vec![host.to_owned()],
+            labels: BTreeMap::from([("component".to_owned(), "repairer".to_owned())]),
+        });
+    }
+    Ok(axum::Json(groups).into_response())
 }
 
 /// A node with its findings, history and recent workflows and events.

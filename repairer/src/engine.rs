@@ -89,6 +89,10 @@ pub struct NodeRecord {
     /// releases or repairs it meanwhile.
     #[serde(default)]
     pub drained_by_person: bool,
+    /// Where Prometheus scrapes the node's agent (`host:port`): the reported address (or the node
+    /// name) and metrics port; none until an agent that tells its port reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_target: Option<String>,
 }
 
 impl NodeRecord {
@@ -111,12 +115,22 @@ impl NodeRecord {
             workflow: None,
             replaced_by: None,
             drained_by_person: false,
+            metrics_target: None,
         }
     }
 
     fn has_failing(&self) -> bool {
         self.findings.iter().any(|f| f.finding.status == Status::Fail)
     }
+}
+
+/// `host:port` of the agent's `/metrics` from a report: the address it reports (the one other
+/// nodes reach it at), else its node name; none when it does not tell its port.
+fn metrics_target(report: &Report) -> Option<String> {
+    let port = report.metrics_port?;
+    let host = report.address.as_deref().filter(|a| !a.is_empty()).unwrap_or(&report.node);
+    // An IPv6 literal needs brackets before the port.
+    Some(if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") })
 }
 
 /// The breaker: open stops every automatic action until a person closes it.
@@ -301,6 +315,16 @@ impl Engine {
         lock(&self.nodes).values().cloned().collect()
     }
 
+    /// Every node whose agent told its metrics port, as (name, state, `host:port`), by name:
+    /// Prometheus service discovery. Only these fields are copied (not every record's history),
+    /// as Prometheus asks again every refresh interval.
+    pub fn scrape_targets(&self) -> Vec<(String, NodeState, String)> {
+        lock(&self.nodes)
+            .values()
+            .filter_map(|n| Some((n.name.clone(), n.state, n.metrics_target.clone()?)))
+            .collect()
+    }
+
     pub fn node(&self, name: &str) -> Option<NodeRecord> {
         lock(&self.nodes).get(name).cloned()
     }
@@ -382,6 +406,13 @@ impl Engine {
         node.agent_version.clone_from(&report.agent_version);
         node.last_report_ms = now;
         node.last_seq = report.seq;
+        // Saved when it moves (an agent restarted on another port), so a restarted repairer
+        // serves service discovery for every node before their next reports.
+        let target = metrics_target(report);
+        let moved_target = target.is_some() && node.metrics_target != target;
+        if moved_target {
+            node.metrics_target = target;
+        }
         let mut changed = rebooted;
         // The node reports: it is not unreachable.
         changed |= remove_findings(node, |t| {
@@ -390,7 +421,7 @@ impl Engine {
         let incoming: Vec<&Finding> =
             report.findings.iter().filter(|f| f.status != Status::Ok).collect();
         changed |= track(node, FindingSource::Agent, &incoming, now);
-        if changed || new_agent {
+        if changed || new_agent || moved_target {
             self.save(node)?;
         }
         drop(nodes);

@@ -79,6 +79,11 @@ pub const SPEC: &str = r##"{
       "responses": { "200": { "description": "events", "content": { "application/json": { "schema": { "type": "array", "items": { "$ref": "#/components/schemas/Event" } } } } } } } },
     "/v1/breaker": { "get": { "summary": "The breaker", "responses": { "200": { "description": "state", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Breaker" } } } } } } },
     "/v1/breaker/close": { "post": { "summary": "Close the breaker (a person)", "responses": { "200": { "description": "state", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Breaker" } } } } } } },
+    "/v1/sd/prometheus": { "get": { "summary": "Prometheus HTTP service discovery (http_sd_configs): one target group per node whose agent told its metrics port (labels node, state, component=agent; retired nodes left out), and the repairer itself at the Host the request named (component=repairer)",
+      "responses": { "200": { "description": "target groups", "content": { "application/json": { "schema": { "type": "array", "items": { "type": "object", "properties": {
+        "targets": { "type": "array", "items": { "type": "string", "description": "host:port" } },
+        "labels": { "type": "object", "additionalProperties": { "type": "string" } } }, "required": ["targets", "labels"] } } } } },
+        "401": { "description": "missing or wrong admin token" } } } },
     "/v1/subscriptions": { "get": { "summary": "SNS subscription confirmations waiting for an operator", "responses": { "200": { "description": "list" } } } },
     "/v1/jobs": {
       "get": { "summary": "Every job of the embedded queue, oldest first", "responses": { "200": { "description": "jobs", "content": { "application/json": { "schema": { "type": "array", "items": { "$ref": "#/components/schemas/Job" } } } } }, "404": { "description": "no embedded queue" } } },

@@ -155,6 +155,7 @@ impl Harness {
             command_results,
             address: None,
             ranks: Vec::new(),
+            metrics_port: None,
         };
         let response =
             self.client.post(format!("{}/v1/reports", self.base)).json(&report).send().await;

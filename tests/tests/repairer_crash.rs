@@ -404,6 +404,7 @@ fn agent_loop(repairer: SocketAddr, reboots: &Path, shared: &Mutex<AgentShared>)
                 command_results: node.results.clone(),
                 address: None,
                 ranks: Vec::new(),
+                metrics_port: None,
             };
             let body = serde_json::to_string(&report).expect("serialize a report");
             let Some((200, reply)) = http_post_json(repairer, "/v1/reports", &body) else {

@@ -486,6 +486,8 @@ struct AgentState {
     term_exit: Option<i32>,
     /// The address the node reports.
     address: Option<String>,
+    /// The metrics port the node reports (for Prometheus service discovery).
+    metrics_port: Option<u16>,
 }
 
 #[derive(Debug)]
@@ -570,6 +572,11 @@ impl Agent {
         self.inner.state.lock().unwrap().address = Some(address.to_owned());
     }
 
+    /// The port the node reports its `/metrics` on (for Prometheus service discovery).
+    pub fn set_metrics_port(&self, port: u16) {
+        self.inner.state.lock().unwrap().metrics_port = Some(port);
+    }
+
     /// Waits until the repairer accepted `n` more reports of this agent.
     pub async fn wait_reports(&self, n: u64) {
         let target = self.reports_sent() + n;
@@ -608,6 +615,7 @@ impl Agent {
             signals: Vec::new(),
             term_exit: Some(0),
             address: None,
+            metrics_port: None,
         };
         Agent {
             inner: Arc::new(AgentInner {
@@ -819,6 +827,7 @@ impl AgentInner {
             command_results,
             address: state.address.clone(),
             ranks: state.ranks.values().cloned().collect(),
+            metrics_port: state.metrics_port,
         })
     }
 
