@@ -22,6 +22,13 @@ const NAME: &str = "slurm";
 /// Longest stderr kept in an error, in bytes.
 const STDERR_LIMIT: usize = 2048;
 
+/// First pause before retrying a command that could not reach slurmctld (doubles up to
+/// `controller_retry_max_backoff`).
+const FIRST_RETRY_BACKOFF: Duration = Duration::from_millis(250);
+
+/// What Slurm's clients print when slurmctld cannot be reached: the command did nothing.
+const CONTROLLER_UNREACHABLE: &str = "Unable to contact slurm controller";
+
 /// How often requeue looks at a job that is still completing.
 const REQUEUE_POLL: Duration = Duration::from_millis(100);
 
@@ -38,9 +45,18 @@ pub struct SlurmConfig {
     /// fleetmend node name → Slurm node name, where they differ. Nodes not listed have the same
     /// name in both.
     pub node_names: BTreeMap<String, String>,
-    /// Longest one Slurm command may take before it is killed and the call fails.
+    /// Longest one Slurm command may take before it is killed and the call fails. Above Slurm's
+    /// own `MessageTimeout` (10 s by default), so that an unreachable slurmctld shows as Slurm's
+    /// error rather than a timeout.
     #[serde(with = "humantime_serde")]
     pub command_timeout: Duration,
+    /// How long a command that could not reach slurmctld is retried (capped exponential backoff
+    /// with jitter) before the call fails; zero: never retried.
+    #[serde(with = "humantime_serde")]
+    pub controller_retry_for: Duration,
+    /// Longest pause between two retries while slurmctld is unreachable.
+    #[serde(with = "humantime_serde")]
+    pub controller_retry_max_backoff: Duration,
     /// Longest requeue waits for the job to leave `COMPLETING` before it starts it at once.
     #[serde(with = "humantime_serde")]
     pub requeue_settle_timeout: Duration,
@@ -52,7 +68,9 @@ impl Default for SlurmConfig {
             bin_dir: None,
             slurm_conf: None,
             node_names: BTreeMap::new(),
-            command_timeout: Duration::from_secs(10),
+            command_timeout: Duration::from_secs(30),
+            controller_retry_for: Duration::from_secs(120),
+            controller_retry_max_backoff: Duration::from_secs(5),
             requeue_settle_timeout: Duration::from_secs(30),
         }
     }
@@ -71,6 +89,12 @@ impl SlurmConfig {
         if self.requeue_settle_timeout.is_zero() {
             problems.push((
                 format!("{prefix}.requeue_settle_timeout"),
+                "must be greater than zero".to_owned(),
+            ));
+        }
+        if self.controller_retry_max_backoff.is_zero() {
+            problems.push((
+                format!("{prefix}.controller_retry_max_backoff"),
                 "must be greater than zero".to_owned(),
             ));
         }
@@ -194,9 +218,54 @@ impl SlurmScheduler {
         }
     }
 
+    /// Runs one Slurm command; while slurmctld cannot be reached (the command did nothing) it is
+    /// retried with capped exponential backoff and jitter for `controller_retry_for`.
+    async fn run(
+        &self,
+        operation: &'static str,
+        program: &str,
+        args: &[&str],
+    ) -> Result<Output, CommandFailure> {
+        let deadline = Instant::now() + self.config.controller_retry_for;
+        let mut backoff = FIRST_RETRY_BACKOFF.min(self.config.controller_retry_max_backoff);
+        let mut attempt = 1u32;
+        loop {
+            match self.run_once(operation, program, args).await {
+                Err(CommandFailure::Exit { stderr, line, status, .. })
+                    if stderr.contains(CONTROLLER_UNREACHABLE) =>
+                {
+                    // Full jitter over the upper half: retries from many calls spread out.
+                    let pause = backoff.mul_f64(0.5 + fastrand::f64() / 2.0);
+                    if Instant::now() + pause >= deadline {
+                        return Err(CommandFailure::Exit {
+                            operation,
+                            line,
+                            status,
+                            stderr: format!(
+                                "{stderr} (slurmctld unreachable; gave up after {attempt} attempts)"
+                            ),
+                        });
+                    }
+                    tracing::warn!(
+                        operation,
+                        command = %line,
+                        attempt,
+                        retry_in = ?pause,
+                        "slurmctld unreachable; retrying"
+                    );
+                    tokio::time::sleep(pause).await;
+                    backoff =
+                        backoff.saturating_mul(2).min(self.config.controller_retry_max_backoff);
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Runs one Slurm command with the configured timeout; a non-zero exit is an error with
     /// the command and its stderr.
-    async fn run(
+    async fn run_once(
         &self,
         operation: &'static str,
         program: &str,
@@ -564,6 +633,57 @@ mod tests {
         assert!(err.to_string().contains("/nonexistent/slurm/bin/scontrol"), "{err}");
         let err = slurm.checkpoint("1; rm").await.unwrap_err();
         assert!(err.to_string().contains("not a Slurm job id"), "{err}");
+    }
+
+    /// A fake `scontrol` that cannot reach slurmctld for its first `failures` calls, then
+    /// answers like a healthy idle node; it counts its calls in `calls`.
+    fn flaky_scontrol(dir: &std::path::Path, failures: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        let calls = dir.join("calls");
+        let script = format!(
+            "#!/bin/sh\necho x >> {calls}\nn=$(wc -l < {calls})\n\
+             if [ \"$n\" -le {failures} ]; then\n  \
+             echo 'slurm_load_node error: Unable to contact slurm controller (connect failure)' >&2\n  \
+             exit 1\nfi\necho '   State=IDLE ThreadsPerCore=1'\n",
+            calls = calls.display()
+        );
+        let path = dir.join("scontrol");
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    fn calls(dir: &std::path::Path) -> usize {
+        std::fs::read_to_string(dir.join("calls")).unwrap_or_default().lines().count()
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_controller_is_retried_until_it_answers_or_time_is_up() {
+        let dir = tempfile::tempdir().unwrap();
+        flaky_scontrol(dir.path(), 3);
+        let config = SlurmConfig {
+            bin_dir: Some(dir.path().to_owned()),
+            controller_retry_for: Duration::from_secs(20),
+            controller_retry_max_backoff: Duration::from_millis(100),
+            ..SlurmConfig::default()
+        };
+        let slurm = SlurmScheduler::new(config.clone());
+        // 3 failed reads, the read that answers, the drain itself.
+        slurm.drain("node1", "fleetmend: test").await.unwrap();
+        assert_eq!(calls(dir.path()), 5);
+
+        let dir = tempfile::tempdir().unwrap();
+        flaky_scontrol(dir.path(), 1000);
+        let slurm = SlurmScheduler::new(SlurmConfig {
+            bin_dir: Some(dir.path().to_owned()),
+            controller_retry_for: Duration::from_millis(600),
+            ..config
+        });
+        let started = std::time::Instant::now();
+        let err = slurm.undrain("node1").await.unwrap_err().to_string();
+        assert!(err.contains("Unable to contact slurm controller"), "{err}");
+        assert!(err.contains("gave up after"), "{err}");
+        assert!(calls(dir.path()) >= 2, "retried: {}", calls(dir.path()));
+        assert!(started.elapsed() < Duration::from_secs(5));
     }
 
     #[tokio::test]
