@@ -107,6 +107,8 @@ fn an_xid_line_in_the_kernel_log_reaches_the_repairer_within_a_second() {
     assert_eq!(startup.trigger, ReportTrigger::Startup);
     assert_eq!(startup.node, "node-7");
     assert_eq!(startup.seq, 1);
+    // The port it serves /metrics on, for the repairer's Prometheus service discovery.
+    assert_eq!(startup.metrics_port, Some(listen.port()));
     assert!(!has_xid_79(&startup), "the healthy fixture already has an Xid 79: {startup:?}");
 
     let appended = Instant::now();
