@@ -1100,3 +1100,57 @@ fn remove_findings(node: &mut NodeRecord, pred: impl Fn(&TrackedFinding) -> bool
     }
     changed
 }
+
+#[cfg(test)]
+mod tests {
+    use fleetmend_proto::{ReportTrigger, Verdict, WIRE_VERSION};
+
+    use super::*;
+
+    fn report(address: Option<&str>, metrics_port: Option<u16>) -> Report {
+        Report {
+            wire_version: WIRE_VERSION,
+            node: "gpu-a".to_owned(),
+            boot_id: "b1".to_owned(),
+            agent_version: "test".to_owned(),
+            seq: 1,
+            sent_at_ms: 0,
+            trigger: ReportTrigger::Interval,
+            verdict: Verdict::Healthy,
+            checks: Vec::new(),
+            findings: Vec::new(),
+            command_results: Vec::new(),
+            address: address.map(str::to_owned),
+            ranks: Vec::new(),
+            metrics_port,
+        }
+    }
+
+    #[test]
+    fn the_metrics_target_is_the_reported_address_or_the_node_name_and_the_port() {
+        assert_eq!(
+            metrics_target(&report(Some("10.0.0.1"), Some(9831))).as_deref(),
+            Some("10.0.0.1:9831")
+        );
+        assert_eq!(metrics_target(&report(None, Some(9831))).as_deref(), Some("gpu-a:9831"));
+        assert_eq!(metrics_target(&report(Some(""), Some(9831))).as_deref(), Some("gpu-a:9831"));
+        assert_eq!(
+            metrics_target(&report(Some("fd00::1"), Some(9831))).as_deref(),
+            Some("[fd00::1]:9831")
+        );
+        // An agent older than the field: no target rather than a guessed port.
+        assert_eq!(metrics_target(&report(Some("10.0.0.1"), None)), None);
+    }
+
+    #[test]
+    fn records_saved_before_the_metrics_target_existed_still_load() {
+        let mut record = NodeRecord::new("gpu-a", 1);
+        let mut json = serde_json::to_value(&record).unwrap();
+        assert!(json.get("metrics_target").is_none(), "none is not written: {json}");
+        json.as_object_mut().unwrap().remove("metrics_target");
+        assert_eq!(serde_json::from_value::<NodeRecord>(json).unwrap(), record);
+        record.metrics_target = Some("10.0.0.1:9831".to_owned());
+        let saved = serde_json::to_string(&record).unwrap();
+        assert_eq!(serde_json::from_str::<NodeRecord>(&saved).unwrap(), record);
+    }
+}
