@@ -476,11 +476,17 @@ interval = "1s"
 timeout = "900ms"
 probe_timeout = "600ms"
 
+# The tree's mounts are directories on this machine's disk: only a truly full one fails (the
+# disk-full fault mounts a real tmpfs and fills it).
 [[checks.disk.mounts]]
 path = "/"
+min_free_ratio = 0.002
+warn_free_ratio = 0.004
 
 [[checks.disk.mounts]]
 path = "/scratch"
+min_free_ratio = 0.002
+warn_free_ratio = 0.004
 
 [checks.host]
 interval = "2s"
