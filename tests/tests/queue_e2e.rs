@@ -8,9 +8,11 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
+use fleetmend_local::scenario;
+use fleetmend_repairer::queue::JobSpec;
 use fleetmend_tests::{
     Running, fixture, fixture_flags, fleetmend_bin, free_port, poll_until, run_with_timeout,
     start_agent,
@@ -49,47 +51,27 @@ fn done_hash(output: &str) -> Option<String> {
     (last["event"] == "done").then(|| last["weights_sha256"].as_str().unwrap_or("").to_owned())
 }
 
-/// 4 ranks of the trainer started by hand with the protocol's environment, never interrupted.
+/// 4 ranks of the same trainer command, never interrupted (the scenario runner's reference run).
 fn uninterrupted_hash(dir: &Path) -> String {
-    let port = free_port();
-    let mut children = Vec::new();
-    for rank in 0..4 {
-        let argv = train_argv(STEPS);
-        let child = Command::new(&argv[0])
-            .args(&argv[1..])
-            .env("RANK", rank.to_string())
-            .env("WORLD_SIZE", "4")
-            .env("LOCAL_RANK", "0")
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
-            .env("FLEETMEND_JOB_ID", "straight")
-            .env("FLEETMEND_CHECKPOINT_DIR", dir.join("straight-checkpoints"))
-            .env("FLEETMEND_RESTART_COUNT", "0")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        children.push(child);
-    }
-    let deadline = Instant::now() + PHASE_LIMIT;
-    let mut hashes = Vec::new();
-    for child in children {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let output = wait_output(child, left);
-        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-        hashes.push(done_hash(&String::from_utf8_lossy(&output.stdout)).expect("a done line"));
-    }
-    assert!(hashes.windows(2).all(|w| w[0] == w[1]), "ranks disagree: {hashes:?}");
-    hashes.remove(0)
-}
-
-fn wait_output(mut child: std::process::Child, limit: Duration) -> std::process::Output {
-    let done = poll_until(limit, || child.try_wait().unwrap().is_some());
-    if !done {
-        let _ = child.kill();
-    }
-    child.wait_with_output().unwrap()
+    let spec = JobSpec {
+        name: None,
+        argv: train_argv(STEPS),
+        nodes: 4,
+        priority: 0,
+        checkpoint_dir: dir.join("straight-checkpoints").display().to_string(),
+        max_restarts: 0,
+        checkpoint_every: None,
+        env: Default::default(),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime
+        .block_on(scenario::uninterrupted_hash(
+            "straight",
+            &spec,
+            &dir.join("straight"),
+            PHASE_LIMIT,
+        ))
+        .unwrap()
 }
 
 fn cli(repairer: SocketAddr, args: &[&str]) -> (Option<i32>, String, String) {
