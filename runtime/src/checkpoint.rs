@@ -1395,19 +1395,7 @@ fn hash_file(path: &Path, buffer: &mut [u8]) -> io::Result<(u64, String)> {
 pub fn newest_valid(
     checkpoint_dir: impl AsRef<Path>,
 ) -> Result<Option<ValidCheckpoint>, ListCheckpointsError> {
-    for dir in step_dirs(checkpoint_dir)? {
-        match verify(&dir.path) {
-            Ok(valid) => return Ok(Some(valid)),
-            Err(reason) => {
-                warn!(
-                    checkpoint = %dir.path.display(),
-                    %reason,
-                    "checkpoint refused; trying the previous one"
-                );
-            }
-        }
-    }
-    Ok(None)
+    newest_accepted(checkpoint_dir, |path| verify(path))
 }
 
 /// The newest checkpoint in `checkpoint_dir` that [`load`] accepts, with its files in memory, or
@@ -1417,9 +1405,17 @@ pub fn newest_valid(
 pub fn newest_loaded(
     checkpoint_dir: impl AsRef<Path>,
 ) -> Result<Option<LoadedCheckpoint>, ListCheckpointsError> {
+    newest_accepted(checkpoint_dir, |path| load(path))
+}
+
+/// The newest step directory `accept` takes, newest first; each refused one is logged (`warn`).
+fn newest_accepted<T>(
+    checkpoint_dir: impl AsRef<Path>,
+    accept: impl Fn(&Path) -> Result<T, VerifyCheckpointError>,
+) -> Result<Option<T>, ListCheckpointsError> {
     for dir in step_dirs(checkpoint_dir)? {
-        match load(&dir.path) {
-            Ok(loaded) => return Ok(Some(loaded)),
+        match accept(&dir.path) {
+            Ok(accepted) => return Ok(Some(accepted)),
             Err(reason) => {
                 warn!(
                     checkpoint = %dir.path.display(),

@@ -282,3 +282,18 @@ pub fn start_repairer(
         }
     }
 }
+
+/// [`poll_until`] for async tests: polls `condition` every 20 ms without blocking the runtime,
+/// until it holds or `limit` passes.
+pub async fn poll_until_async(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if condition() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

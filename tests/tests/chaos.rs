@@ -337,14 +337,17 @@ fn a_storm_on_3_of_5_nodes_opens_the_breaker_and_nothing_is_rebooted() {
         for node in &nodes[..3] {
             fleet.inject(node, &Fault::GpuXid(79), false).unwrap();
         }
-        let opened = poll_async(Duration::from_secs(30), || fleet.engine().breaker().open).await;
+        let opened = fleetmend_tests::poll_until_async(Duration::from_secs(30), || {
+            fleet.engine().breaker().open
+        })
+        .await;
         let log = events(&fleet);
         assert!(opened, "the breaker did not open:\n{}", story(&log));
 
         // Every node that lost a GPU is held by the breaker. A node whose repair began before the
         // storm was recognised is drained at once, its reboot waits for the settle time, and there
         // the breaker holds it ("reboot held: the breaker is open") rather than rebooting it.
-        let held = poll_async(Duration::from_secs(30), || {
+        let held = fleetmend_tests::poll_until_async(Duration::from_secs(30), || {
             let log = events(&fleet);
             nodes[..3].iter().all(|node| {
                 log.iter().any(|e| {
@@ -365,7 +368,7 @@ fn a_storm_on_3_of_5_nodes_opens_the_breaker_and_nothing_is_rebooted() {
             "{breaker}"
         );
         // The alert went out: the critical breaker event, as the webhook sink sends it.
-        let alerted = poll_async(Duration::from_secs(10), || {
+        let alerted = fleetmend_tests::poll_until_async(Duration::from_secs(10), || {
             received
                 .lock()
                 .unwrap()
@@ -410,20 +413,6 @@ fn a_storm_on_3_of_5_nodes_opens_the_breaker_and_nothing_is_rebooted() {
         eprintln!("{}", story(&log));
         fleet.shutdown().await;
     });
-}
-
-/// Polls `condition` every 50 ms without blocking the runtime, until it holds or `limit` passes.
-async fn poll_async(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if condition() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 // --- a real network fault in network namespaces ---------------------------------------------------

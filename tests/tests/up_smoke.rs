@@ -270,7 +270,7 @@ fn the_local_provider_reboots_with_a_new_boot_id_and_replaces_with_the_spare() {
         assert_eq!(supervisor.role("node-1"), Some(Role::Retired));
         assert_eq!(supervisor.role("node-2"), Some(Role::Worker));
         let pid_retired = supervisor.node("node-1").unwrap().pid;
-        let retired = poll_async(Duration::from_secs(30), || {
+        let retired = fleetmend_tests::poll_until_async(Duration::from_secs(30), || {
             supervisor.agent_state("node-1") == Some(AgentState::Stopped)
         })
         .await;
@@ -283,20 +283,6 @@ fn the_local_provider_reboots_with_a_new_boot_id_and_replaces_with_the_spare() {
         assert!(err.contains("no spare left"), "{err}");
         fleet.shutdown().await;
     });
-}
-
-/// Polls `condition` every 20 ms without blocking the runtime, until it holds or `limit` passes.
-async fn poll_async(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if condition() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// The repairer's dry-run mode, by name (the tests crate does not depend on the repairer).
