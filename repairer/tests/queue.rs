@@ -113,6 +113,9 @@ impl Cluster {
         let (runtime, repairer) = boot(&self.config, &self.provider).await;
         self.runtime = Some(runtime);
         self.repairer = repairer;
+        // Pooled keep-alive connections went to the crashed server: a request on one of them
+        // fails with an incomplete message. Connect afresh, as a new client would.
+        self.client = http_client();
     }
 
     /// Agents for `names`, each reporting `10.0.0.<i>` as its address, then heartbeating.
