@@ -307,10 +307,23 @@ async fn two_jobs_by_priority_on_four_nodes_run_one_after_the_other_with_the_pro
     // The API never shows the token.
     assert!(running.job.progress_token.is_empty());
 
-    // All ranks exit 0: completed, and the low one gets its nodes.
-    for agent in &agents[..3] {
+    // Two ranks exit 0 before the third: the job holds its whole allocation until it ends, so
+    // the low one does not start on the two nodes they left.
+    for agent in &agents[..2] {
         agent.exit_ranks(&high, 0);
     }
+    c.wait_job(&high, "ranks 0 and 1 seen exited", |j| {
+        j.job.ranks.iter().filter(|r| r.succeeded()).count() == 2
+    })
+    .await;
+    let window = Instant::now() + c.config.queue.tick * 10;
+    while Instant::now() < window {
+        let low_now = c.job(&low).await;
+        assert_eq!(low_now.job.state, JobState::Queued, "started on a running job's nodes");
+        tokio::time::sleep(c.config.queue.tick).await;
+    }
+    // The last rank exits 0: completed, and the low one gets its nodes.
+    agents[2].exit_ranks(&high, 0);
     let done = c.wait_state(&high, JobState::Completed, 0).await;
     assert_eq!(done.job.restarts, 0);
     let low_running = c.wait_state(&low, JobState::Running, 0).await;

@@ -749,7 +749,12 @@ impl JobQueue {
         let mut busy: BTreeSet<&str> = BTreeSet::new();
         let mut ports: BTreeSet<u16> = BTreeSet::new();
         for job in state.jobs.values().filter(|j| j.state.is_active()) {
-            busy.extend(job.ranks.iter().filter(|r| r.live()).map(|r| r.node.as_str()));
+            // A starting or running job holds its whole allocation until it ends, as a gang
+            // does: a rank that finished early keeps its node (the job may yet restart on it).
+            // A stopping one frees each node as its rank goes, so a lost rank on a dead node
+            // does not hold the queue.
+            let holds = |r: &&RankRecord| job.state != JobState::Stopping || r.live();
+            busy.extend(job.ranks.iter().filter(holds).map(|r| r.node.as_str()));
             ports.extend(job.master_port);
         }
         for (name, seen) in &state.nodes {
