@@ -4,6 +4,8 @@
 // Test support: a failure to set up is a test failure, so panicking here is the point.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod slurm;
+
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};

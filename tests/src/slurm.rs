@@ -1,0 +1,149 @@
+//! A Slurm dev cluster for system tests (`deploy/slurm/dev-cluster.sh`): munged, slurmctld and
+//! four slurmd on this host, in a temp dir, stopped when dropped.
+//!
+//! Needs root and Debian's `slurm-wlm munge`. [`can_run`] says whether this machine can run such a
+//! test (printing why not): without root it cannot; without Slurm it cannot either, unless
+//! `FLEETMEND_REQUIRE_SLURM=1` (set where Slurm is installed for the tests), which turns a missing
+//! Slurm into a failure.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use fleetmend_repairer::slurm::{SlurmConfig, SlurmScheduler};
+
+use crate::{run_with_timeout, workspace_root};
+
+/// A dev cluster in a temp dir; stopped (every daemon it started) when dropped, even on a failed
+/// assertion.
+#[derive(Debug)]
+pub struct DevCluster {
+    dir: tempfile::TempDir,
+}
+
+impl DevCluster {
+    pub fn script() -> PathBuf {
+        workspace_root().join("deploy/slurm/dev-cluster.sh")
+    }
+
+    pub fn start() -> DevCluster {
+        let dir = tempfile::Builder::new().prefix("fm-slurm-").tempdir().unwrap();
+        let (ctld, nodes) = free_ports();
+        let output = run_with_timeout(
+            Command::new(Self::script())
+                .arg("start")
+                .arg(dir.path())
+                .env("FLEETMEND_SLURM_CTLD_PORT", ctld.to_string())
+                .env("FLEETMEND_SLURM_NODE_PORT", nodes.to_string()),
+            Duration::from_secs(60),
+        );
+        let cluster = DevCluster { dir };
+        assert!(
+            output.status.success(),
+            "dev-cluster.sh start failed:\n{}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        cluster
+    }
+
+    pub fn conf(&self) -> PathBuf {
+        self.dir.path().join("slurm.conf")
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Runs a Slurm client command against this cluster; stdout, or a panic with stderr.
+    pub fn slurm(&self, program: &str, args: &[&str]) -> String {
+        let output = run_with_timeout(
+            Command::new(program).args(args).env("SLURM_CONF", self.conf()),
+            Duration::from_secs(20),
+        );
+        assert!(
+            output.status.success(),
+            "{program} {args:?}: {}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// `sinfo`'s state of one node (`idle`, `drained`, `idle*`...).
+    pub fn node_state(&self, node: &str) -> String {
+        self.slurm("sinfo", &["-h", "-N", "-n", node, "-o", "%T"]).trim().to_owned()
+    }
+
+    /// `sinfo -R`: node → reason.
+    pub fn reasons(&self) -> Vec<(String, String)> {
+        self.slurm("sinfo", &["-R", "-h", "-N", "-o", "%N|%E"])
+            .lines()
+            .filter_map(|l| l.split_once('|'))
+            .map(|(n, r)| (n.trim().to_owned(), r.trim().to_owned()))
+            .collect()
+    }
+
+    pub fn scheduler(&self) -> SlurmScheduler {
+        SlurmScheduler::new(SlurmConfig {
+            slurm_conf: Some(self.conf()),
+            command_timeout: Duration::from_secs(10),
+            ..SlurmConfig::default()
+        })
+    }
+}
+
+impl Drop for DevCluster {
+    fn drop(&mut self) {
+        let stopped = Command::new(Self::script()).arg("stop").arg(self.dir.path()).status();
+        if !matches!(stopped, Ok(s) if s.success()) {
+            eprintln!("dev-cluster.sh stop {}: {stopped:?}", self.dir.path().display());
+        }
+    }
+}
+
+/// A free port for slurmctld and the first of four consecutive free ports for the slurmd.
+pub fn free_ports() -> (u16, u16) {
+    let bindable = |port: u16| TcpListener::bind(("0.0.0.0", port)).is_ok();
+    let pid = u16::try_from(std::process::id() % 2000).unwrap();
+    for attempt in 0..200u16 {
+        let base = 21_000 + (pid * 5 + attempt * 7) % 9_000;
+        if (base..base + 5).all(bindable) {
+            return (base + 4, base);
+        }
+    }
+    panic!("no five consecutive free ports between 21000 and 30000");
+}
+
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        == Some("0")
+}
+
+pub fn slurm_installed() -> bool {
+    ["/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged", "/usr/bin/sbatch"]
+        .iter()
+        .all(|p| Path::new(p).exists())
+}
+
+/// Whether this machine can run the test; prints why not.
+pub fn can_run() -> bool {
+    if !is_root() {
+        println!("SKIPPED: the Slurm system test needs root (slurmd runs jobs as their users)");
+        return false;
+    }
+    if !slurm_installed() {
+        assert!(
+            std::env::var_os("FLEETMEND_REQUIRE_SLURM").is_none(),
+            "FLEETMEND_REQUIRE_SLURM is set but Slurm is not installed (apt-get install slurm-wlm munge)"
+        );
+        println!("SKIPPED: Slurm is not installed (apt-get install slurm-wlm munge)");
+        return false;
+    }
+    true
+}
