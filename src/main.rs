@@ -2,11 +2,15 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use fleetmend_agent::config::{AgentConfig, ConfigError, ConfigProblems};
 use fleetmend_agent::daemon;
 use fleetmend_agent::gpu::parse_backend;
+use fleetmend_proto::{Finding, Status, Verdict};
+use fleetmend_repairer::scheduler::{DRAIN_REASON_PREFIX, Scheduler};
+use fleetmend_repairer::slurm::{SlurmConfig, SlurmScheduler};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -227,6 +231,16 @@ struct AgentArgs {
     /// Output of --once.
     #[arg(long, value_enum, default_value_t = Output::Table, requires = "once")]
     output: Output,
+    /// With --once, as Slurm's HealthCheckProgram or Prolog: when unhealthy, drain this node in
+    /// Slurm with the reason "fleetmend: <failing findings>" (a node already drained keeps its
+    /// reason). Exit 0 healthy, 1 unhealthy and drained, 2 could not run the checks, 3 unhealthy
+    /// but the drain failed. Slurm's commands come from PATH and use SLURM_CONF.
+    #[arg(long, requires = "once")]
+    slurm_drain: bool,
+    /// The Slurm node to drain (default: SLURMD_NODENAME, which slurmd sets for its health check,
+    /// prolog and epilog; else the agent's node name).
+    #[arg(long, env = "SLURMD_NODENAME", value_name = "NAME", requires = "slurm_drain")]
+    slurm_node: Option<String>,
     /// Node name (overrides `node`).
     #[arg(long)]
     node: Option<String>,
@@ -565,9 +579,15 @@ fn agent(args: AgentArgs) -> ExitCode {
                 }
             },
         }
+        let code = if args.slurm_drain && view.verdict == Verdict::Unhealthy {
+            let node = args.slurm_node.clone().unwrap_or_else(|| view.node.clone());
+            runtime.block_on(slurm_drain_self(&node, &view.findings))
+        } else {
+            ExitCode::from(daemon::exit_code(view.verdict) as u8)
+        };
         // Leave stuck check workers behind instead of waiting for them at shutdown.
         runtime.shutdown_background();
-        return ExitCode::from(daemon::exit_code(view.verdict) as u8);
+        return code;
     }
     let result = runtime.block_on(async {
         let agent = daemon::start(config).await?;
@@ -581,6 +601,104 @@ fn agent(args: AgentArgs) -> ExitCode {
             ExitCode::from(EXIT_CANNOT_RUN)
         }
     }
+}
+
+/// `--slurm-drain`'s limits: Slurm kills a health check at 60 s, and a Prolog delays the job, so
+/// the whole run stays under 10 s even when slurmctld does not answer.
+const SLURM_DRAIN_COMMAND_TIMEOUT: Duration = Duration::from_secs(3);
+const SLURM_DRAIN_RETRY_FOR: Duration = Duration::from_secs(5);
+const SLURM_DRAIN_DEADLINE: Duration = Duration::from_secs(8);
+
+/// Longest drain reason, in characters (`sinfo -R` shows it on one line).
+const DRAIN_REASON_MAX_CHARS: usize = 160;
+
+/// `--once --slurm-drain`'s exit code when the node is unhealthy but could not be drained: a
+/// Prolog that passes it on makes Slurm drain the node itself and requeue the job.
+const EXIT_DRAIN_FAILED: u8 = 3;
+
+/// Drains `node` in Slurm because of the failing `findings`; a node already drained (by
+/// fleetmend or an admin) keeps its reason. One line on stderr says what was done.
+async fn slurm_drain_self(node: &str, findings: &[Finding]) -> ExitCode {
+    if !is_slurm_node_name(node) {
+        eprintln!(
+            "fleetmend agent: --slurm-node/SLURMD_NODENAME {node:?} is not a Slurm node name; \
+             the node is unhealthy and was not drained"
+        );
+        return ExitCode::from(EXIT_DRAIN_FAILED);
+    }
+    let reason = drain_reason(findings);
+    let slurm = SlurmScheduler::new(SlurmConfig {
+        command_timeout: SLURM_DRAIN_COMMAND_TIMEOUT,
+        controller_retry_for: SLURM_DRAIN_RETRY_FOR,
+        controller_retry_max_backoff: Duration::from_secs(1),
+        ..SlurmConfig::default()
+    });
+    let drained = async {
+        let current = slurm.show_node(node).await?;
+        if current.is_drained() {
+            return Ok(Some(current.reason));
+        }
+        slurm.drain(node, &reason).await.map(|()| None)
+    };
+    match tokio::time::timeout(SLURM_DRAIN_DEADLINE, drained).await {
+        Ok(Ok(None)) => eprintln!("drained {node}: {reason}"),
+        Ok(Ok(Some(existing))) => {
+            eprintln!("{node} already drained: {}", existing.as_deref().unwrap_or("(no reason)"))
+        }
+        Ok(Err(err)) => {
+            eprintln!("fleetmend agent: {node} is unhealthy but draining it failed: {err}");
+            return ExitCode::from(EXIT_DRAIN_FAILED);
+        }
+        Err(_) => {
+            eprintln!(
+                "fleetmend agent: {node} is unhealthy but draining it did not finish within {:?}",
+                SLURM_DRAIN_DEADLINE
+            );
+            return ExitCode::from(EXIT_DRAIN_FAILED);
+        }
+    }
+    ExitCode::from(daemon::exit_code(Verdict::Unhealthy) as u8)
+}
+
+/// A name Slurm's commands take as one node (not a list, not an option, no spaces).
+fn is_slurm_node_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('-')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// `fleetmend: xid 79 on GPU 3; gpu_access on GPU 3; ...`: the failing findings, short, each
+/// once, cut to [`DRAIN_REASON_MAX_CHARS`].
+fn drain_reason(findings: &[Finding]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for finding in findings.iter().filter(|f| f.status == Status::Fail) {
+        let mut part = match finding.labels.get("xid") {
+            Some(code) if finding.finding == "xid" => format!("xid {code}"),
+            _ => finding.finding.clone(),
+        };
+        let subject = finding.subject.as_str();
+        if finding.check == "gpu"
+            && !subject.is_empty()
+            && subject.bytes().all(|b| b.is_ascii_digit())
+        {
+            part.push_str(&format!(" on GPU {subject}"));
+        } else if !subject.is_empty() {
+            part.push_str(&format!(" on {subject}"));
+        }
+        if !parts.contains(&part) {
+            parts.push(part);
+        }
+    }
+    let summary = if parts.is_empty() { "unhealthy".to_owned() } else { parts.join("; ") };
+    // One line of plain text: Slurm stores it as given.
+    let summary: String = summary.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    let reason = format!("{DRAIN_REASON_PREFIX}{summary}");
+    if reason.chars().count() <= DRAIN_REASON_MAX_CHARS {
+        return reason;
+    }
+    let mut cut: String = reason.chars().take(DRAIN_REASON_MAX_CHARS - 3).collect();
+    cut.push_str("...");
+    cut
 }
 
 /// The config file (or defaults) with the flags applied, validated.
@@ -633,5 +751,55 @@ fn init_logging(format: LogFormat) {
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failing(check: &str, finding: &str, subject: &str) -> Finding {
+        let mut f = Finding::ok(check, finding, subject);
+        f.status = Status::Fail;
+        f
+    }
+
+    #[test]
+    fn drain_reason_names_each_failing_finding_once() {
+        let mut xid = failing("gpu", "xid", "3");
+        xid.labels.insert("xid".to_owned(), "79".to_owned());
+        let findings = [
+            xid.clone(),
+            xid,
+            failing("gpu", "gpu_access", "3"),
+            Finding::ok("nic", "nic_down", "eth0"),
+            failing("host", "process_missing", "slurmd"),
+            failing("host", "memory_low", ""),
+        ];
+        assert_eq!(
+            drain_reason(&findings),
+            "fleetmend: xid 79 on GPU 3; gpu_access on GPU 3; process_missing on slurmd; memory_low"
+        );
+    }
+
+    #[test]
+    fn drain_reason_is_one_short_line() {
+        let findings: Vec<Finding> =
+            (0..40).map(|i| failing("disk", "disk_full", &format!("/mnt/d{i}\nx"))).collect();
+        let reason = drain_reason(&findings);
+        assert_eq!(reason.chars().count(), DRAIN_REASON_MAX_CHARS, "{reason}");
+        assert!(reason.starts_with("fleetmend: disk_full on /mnt/d0 x; "), "{reason}");
+        assert!(reason.ends_with("..."), "{reason}");
+        assert!(!reason.contains('\n'));
+        assert_eq!(drain_reason(&[]), "fleetmend: unhealthy");
+    }
+
+    #[test]
+    fn slurm_node_names_are_single_plain_names() {
+        assert!(is_slurm_node_name("node2"));
+        assert!(is_slurm_node_name("gpu-a17.rack3"));
+        for bad in ["", "-n", "node[1-4]", "node1,node2", "a b"] {
+            assert!(!is_slurm_node_name(bad), "{bad:?}");
+        }
     }
 }
