@@ -6,6 +6,7 @@
 
 pub mod slurm;
 
+use std::collections::BTreeSet;
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -298,4 +299,28 @@ pub async fn poll_until_async(limit: Duration, mut condition: impl FnMut() -> bo
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Every `fleetmend_[a-z0-9_]+` in `text` (metric names; recording rules are `fleetmend:...`).
+pub fn metric_names(text: &str) -> BTreeSet<String> {
+    const PREFIX: &str = "fleetmend_";
+    let mut names = BTreeSet::new();
+    let mut rest = text;
+    while let Some(start) = rest.find(PREFIX) {
+        // Part of a longer identifier (e.g. `x_fleetmend_y`): not a name of ours.
+        let preceded = text.len() - rest.len() + start;
+        let inside_word = text[..preceded]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':');
+        let tail = &rest[start..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+            .unwrap_or(tail.len());
+        if !inside_word {
+            names.insert(tail[..end].to_owned());
+        }
+        rest = &tail[end..];
+    }
+    names
 }

@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fleetmend_tests::{fleetmend_bin, http_get, poll_until, run_with_timeout, workspace_root};
+use fleetmend_tests::{
+    fleetmend_bin, http_get, metric_names, poll_until, run_with_timeout, workspace_root,
+};
 use serde_json::Value;
 
 /// `npm ci` may download the pinned packages; tsc itself takes seconds.
@@ -217,30 +219,6 @@ fn the_datasource_check_flags_a_fixed_uid_and_a_missing_variable() {
 }
 
 // ---- metric names against a live fleet ----
-
-/// Every `fleetmend_[a-z0-9_]+` in `text` that is not part of a longer identifier (recording
-/// rules are `fleetmend:...`, dashboard uids `fleetmend-...`).
-fn metric_names(text: &str) -> BTreeSet<String> {
-    const PREFIX: &str = "fleetmend_";
-    let mut names = BTreeSet::new();
-    let mut rest = text;
-    while let Some(start) = rest.find(PREFIX) {
-        let preceded = text.len() - rest.len() + start;
-        let inside_word = text[..preceded]
-            .chars()
-            .next_back()
-            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':');
-        let tail = &rest[start..];
-        let end = tail
-            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
-            .unwrap_or(tail.len());
-        if !inside_word {
-            names.insert(tail[..end].to_owned());
-        }
-        rest = &tail[end..];
-    }
-    names
-}
 
 /// The metric families a `/metrics` text declares (its `# TYPE` lines).
 fn families(exposition: &str) -> BTreeSet<String> {

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use fleetmend_tests::workspace_root;
+use fleetmend_tests::{metric_names, workspace_root};
 
 fn deploy(path: &str) -> PathBuf {
     workspace_root().join("deploy").join(path)
@@ -73,30 +73,6 @@ fn every_alert_has_a_rule_test() {
     assert!(untested.is_empty(), "alerts without a test in fleetmend.rules.test.yml: {untested:?}");
     let unknown: Vec<&String> = tested.difference(&alerts).collect();
     assert!(unknown.is_empty(), "tests of alerts that do not exist: {unknown:?}");
-}
-
-/// Every `fleetmend_[a-z0-9_]+` in `text` (metric names; recording rules are `fleetmend:...`).
-fn metric_names(text: &str) -> BTreeSet<String> {
-    const PREFIX: &str = "fleetmend_";
-    let mut names = BTreeSet::new();
-    let mut rest = text;
-    while let Some(start) = rest.find(PREFIX) {
-        // Part of a longer identifier (e.g. `x_fleetmend_y`): not a name of ours.
-        let preceded = text.len() - rest.len() + start;
-        let inside_word = text[..preceded]
-            .chars()
-            .next_back()
-            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':');
-        let tail = &rest[start..];
-        let end = tail
-            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
-            .unwrap_or(tail.len());
-        if !inside_word {
-            names.insert(tail[..end].to_owned());
-        }
-        rest = &tail[end..];
-    }
-    names
 }
 
 /// The base name of a histogram or summary series.
