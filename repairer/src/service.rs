@@ -128,7 +128,10 @@ pub async fn start_with(
         };
     let provider = match provider {
         Some(provider) => provider,
-        None => build_provider(&config.provider, &ProviderDeps { commands: commands.clone() })?,
+        None => build_provider(
+            &config.provider,
+            &ProviderDeps { commands: commands.clone(), slurm: config.slurm.clone() },
+        )?,
     };
     let engine = Engine::new(
         store.clone(),

@@ -136,7 +136,7 @@ pub struct SlurmNode {
 
 impl SlurmNode {
     /// The base state and flags, upper case (`IDLE`, `DRAIN`, `NOT_RESPONDING`...).
-    fn state_words(&self) -> impl Iterator<Item = &str> {
+    pub fn state_words(&self) -> impl Iterator<Item = &str> {
         self.state.split('+')
     }
 
@@ -209,6 +209,28 @@ impl SlurmScheduler {
     /// fleetmend's name of Slurm's `node`.
     pub fn fleetmend_name<'a>(&'a self, node: &'a str) -> &'a str {
         self.from_slurm.get(node).map_or(node, String::as_str)
+    }
+
+    /// The settings it runs with.
+    pub fn config(&self) -> &SlurmConfig {
+        &self.config
+    }
+
+    /// Runs one Slurm command about fleetmend's `node` (with the timeout, and retried while
+    /// slurmctld is unreachable); its stdout. Slurm's "not found" is
+    /// [`SchedulerError::UnknownNode`]. For other users of Slurm's commands (the `slurm`
+    /// provider).
+    pub(crate) async fn run_for_node(
+        &self,
+        operation: &'static str,
+        node: &str,
+        program: &str,
+        args: &[&str],
+    ) -> Result<String, SchedulerError> {
+        self.run(operation, program, args)
+            .await
+            .map(|output| output.stdout)
+            .map_err(|failure| failure.node_error(node))
     }
 
     fn program(&self, name: &str) -> PathBuf {
@@ -334,7 +356,7 @@ impl SlurmScheduler {
         self.show_node_for("show_node", node).await
     }
 
-    async fn show_node_for(
+    pub(crate) async fn show_node_for(
         &self,
         operation: &'static str,
         node: &str,

@@ -1,5 +1,7 @@
 //! A Slurm dev cluster for system tests (`deploy/slurm/dev-cluster.sh`): munged, slurmctld and
-//! four slurmd on this host, in a temp dir, stopped when dropped.
+//! four slurmd on this host, in a temp dir, stopped when dropped. Reboots through Slurm run the
+//! cluster's fake RebootProgram (a new [`DevCluster::boot_id`], the node's slurmd restarted), and
+//! the controller can be stopped and started alone.
 //!
 //! Needs root and Debian's `slurm-wlm munge`. [`can_run`] says whether this machine can run such a
 //! test (printing why not): without root it cannot; without Slurm it cannot either, unless
@@ -11,7 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use fleetmend_repairer::slurm::{SlurmConfig, SlurmScheduler};
+use fleetmend_repairer::provider::slurm::SlurmProvider;
+use fleetmend_repairer::slurm::{SlurmConfig, SlurmNode, SlurmScheduler, parse_show_node};
 
 use crate::{run_with_timeout, workspace_root};
 
@@ -85,12 +88,67 @@ impl DevCluster {
             .collect()
     }
 
-    pub fn scheduler(&self) -> SlurmScheduler {
-        SlurmScheduler::new(SlurmConfig {
+    /// The `[slurm]` settings that reach this cluster (tests change the retries).
+    pub fn slurm_config(&self) -> SlurmConfig {
+        SlurmConfig {
             slurm_conf: Some(self.conf()),
             command_timeout: Duration::from_secs(10),
             ..SlurmConfig::default()
-        })
+        }
+    }
+
+    pub fn scheduler(&self) -> SlurmScheduler {
+        SlurmScheduler::new(self.slurm_config())
+    }
+
+    /// The `slurm` provider for this cluster (reboots run the cluster's fake RebootProgram).
+    pub fn provider(&self) -> SlurmProvider {
+        SlurmProvider::new(self.slurm_config())
+    }
+
+    /// Runs `dev-cluster.sh VERB DIR`; panics with its output when it fails.
+    fn run_script(&self, verb: &str, timeout: Duration) {
+        let output =
+            run_with_timeout(Command::new(Self::script()).arg(verb).arg(self.path()), timeout);
+        assert!(
+            output.status.success(),
+            "dev-cluster.sh {verb} failed:\n{}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    /// Stops slurmctld only: slurmd and jobs stay, Slurm's clients cannot reach the controller.
+    pub fn stop_controller(&self) {
+        self.run_script("stop-controller", Duration::from_secs(30));
+    }
+
+    /// Starts slurmctld again on its kept state; returns once `scontrol ping` says it is up.
+    pub fn start_controller(&self) {
+        self.run_script("start-controller", Duration::from_secs(60));
+    }
+
+    /// The node's boot id (`DIR/nodes/NODE/boot_id`): a fresh one at start and after every reboot
+    /// through the cluster's RebootProgram.
+    pub fn boot_id(&self, node: &str) -> String {
+        let path = self.path().join("nodes").join(node).join("boot_id");
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|err| panic!("{}: {err}", path.display()))
+            .trim()
+            .to_owned()
+    }
+
+    /// The pid of the node's running slurmd (from its pid file), if it runs.
+    pub fn slurmd_pid(&self, node: &str) -> Option<u32> {
+        let path = self.path().join("run").join(format!("slurmd-{node}.pid"));
+        let pid: u32 = std::fs::read_to_string(path).ok()?.trim().parse().ok()?;
+        Path::new(&format!("/proc/{pid}")).exists().then_some(pid)
+    }
+
+    /// `scontrol show node NODE` parsed (state and reason).
+    pub fn show_node(&self, node: &str) -> SlurmNode {
+        let text = self.slurm("scontrol", &["show", "node", node]);
+        parse_show_node(&text).unwrap_or_else(|| panic!("scontrol show node {node}: {text}"))
     }
 }
 

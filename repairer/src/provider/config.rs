@@ -6,6 +6,8 @@
 //! reboot = ["ipmitool", "-I", "lanplus", "-H", "{node}-bmc", "chassis", "power", "cycle"]
 //! replace = "cloudctl replace {node} | tail -n1"
 //! ```
+//!
+//! `kind = "slurm"` has no fields: it reboots with `scontrol reboot` using the `[slurm]` section.
 
 use std::fmt;
 use std::sync::Arc;
@@ -16,7 +18,9 @@ use super::Provider;
 use super::agent::{AgentProvider, AgentProviderConfig};
 use super::command::{CommandProvider, CommandProviderConfig};
 use super::redfish::{RedfishProvider, RedfishProviderConfig, RedfishSetupError};
+use super::slurm::{SlurmProvider, SlurmProviderConfig};
 use crate::commands::CommandQueue;
+use crate::slurm::SlurmConfig;
 
 /// The provider backend and its settings, chosen by `kind`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -28,6 +32,9 @@ pub enum ProviderConfig {
     Command(CommandProviderConfig),
     /// The node's BMC over Redfish (no replace).
     Redfish(RedfishProviderConfig),
+    /// Slurm's `scontrol reboot` and the nodes' `RebootProgram`, with the `[slurm]` section's
+    /// settings (no replace).
+    Slurm(SlurmProviderConfig),
 }
 
 impl Default for ProviderConfig {
@@ -64,6 +71,7 @@ impl ProviderConfig {
             ProviderConfig::Agent(_) => "agent",
             ProviderConfig::Command(_) => "command",
             ProviderConfig::Redfish(_) => "redfish",
+            ProviderConfig::Slurm(_) => "slurm",
         }
     }
 
@@ -72,7 +80,8 @@ impl ProviderConfig {
     pub fn validate(&self, section: &str) -> Vec<ConfigProblem> {
         let mut problems = Vec::new();
         match self {
-            ProviderConfig::Agent(_) => {}
+            // The slurm provider's settings are `[slurm]`'s, validated with that section.
+            ProviderConfig::Agent(_) | ProviderConfig::Slurm(_) => {}
             ProviderConfig::Command(config) => config.validate(section, &mut problems),
             ProviderConfig::Redfish(config) => config.validate(section, &mut problems),
         }
@@ -85,6 +94,15 @@ impl ProviderConfig {
 pub struct ProviderDeps {
     /// Where the `agent` backend queues reboots for the nodes' next report replies.
     pub commands: Arc<CommandQueue>,
+    /// How the `slurm` backend reaches Slurm (the `[slurm]` section).
+    pub slurm: SlurmConfig,
+}
+
+impl ProviderDeps {
+    /// Deps with `commands` and the default `[slurm]` settings.
+    pub fn new(commands: Arc<CommandQueue>) -> ProviderDeps {
+        ProviderDeps { commands, slurm: SlurmConfig::default() }
+    }
 }
 
 /// Building the configured provider failed.
@@ -113,6 +131,7 @@ pub fn build(
         ProviderConfig::Agent(_) => Arc::new(AgentProvider::new(deps.commands.clone())),
         ProviderConfig::Command(config) => Arc::new(CommandProvider::new(config.clone())),
         ProviderConfig::Redfish(config) => Arc::new(RedfishProvider::new(config.clone())?),
+        ProviderConfig::Slurm(_) => Arc::new(SlurmProvider::new(deps.slurm.clone())),
     })
 }
 
@@ -135,7 +154,7 @@ mod tests {
     }
 
     fn deps() -> ProviderDeps {
-        ProviderDeps { commands: Arc::new(CommandQueue::new()) }
+        ProviderDeps::new(Arc::new(CommandQueue::new()))
     }
 
     #[test]
@@ -175,6 +194,10 @@ mod tests {
         .unwrap();
         assert_eq!(redfish.kind(), "redfish");
         assert_eq!(build(&redfish, &deps()).unwrap().name(), "redfish");
+
+        let slurm = parse("[provider]\nkind = \"slurm\"").unwrap();
+        assert_eq!(slurm, ProviderConfig::Slurm(SlurmProviderConfig {}));
+        assert_eq!(build(&slurm, &deps()).unwrap().name(), "slurm");
     }
 
     #[test]
@@ -184,6 +207,7 @@ mod tests {
             "[provider]\nkind = \"command\"\nreboot = \"x\"\nreboot_timout = \"1s\"",
             "[provider]\nkind = \"redfish\"\nsystem_url = \"http://{node}/\"\nuser_name = \"a\"",
             "[provider]\nkind = \"local\"",
+            "[provider]\nkind = \"slurm\"\nslurm_conf = \"/etc/slurm/slurm.conf\"",
             "[provider]\nkind = \"command\"",
         ] {
             assert!(parse(text).is_err(), "accepted {text:?}");

@@ -1,11 +1,13 @@
 //! Providers repair nodes: reboot, replace (returning the new node's name) and power state.
 //! Backends: `agent` (the node's own agent runs its reboot command), `command` (templated shell
-//! commands), `redfish` (the node's BMC) and, for local fleets, `local`.
+//! commands), `redfish` (the node's BMC), `slurm` (`scontrol reboot` and the nodes'
+//! `RebootProgram`) and, for local fleets, `local`.
 
 pub mod agent;
 pub mod command;
 pub mod config;
 pub mod redfish;
+pub mod slurm;
 
 pub use config::{ConfigProblem, ProviderBuildError, ProviderConfig, ProviderDeps, build};
 
