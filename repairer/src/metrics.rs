@@ -27,6 +27,11 @@ pub const JOB_GOODPUT_RATIO: &str = "fleetmend_job_goodput_ratio";
 pub const JOB_STEPS_LOST: &str = "fleetmend_job_steps_lost_total";
 pub const JOB_RESUME_SECONDS: &str = "fleetmend_job_resume_seconds";
 pub const JOB_STEP: &str = "fleetmend_job_step";
+pub const JOB_LOSS: &str = "fleetmend_job_loss";
+pub const JOB_SAMPLES_PER_SECOND: &str = "fleetmend_job_samples_per_second";
+pub const JOB_CHECKPOINT_STEP: &str = "fleetmend_job_checkpoint_step";
+pub const JOB_CHECKPOINT_WRITE_SECONDS: &str = "fleetmend_job_checkpoint_write_seconds";
+pub const JOB_CHECKPOINT_STALL_SECONDS: &str = "fleetmend_job_checkpoint_stall_seconds";
 
 /// A fixed-bucket histogram (cumulative counts are computed when encoding).
 #[derive(Debug, Clone, PartialEq)]
@@ -226,6 +231,27 @@ fn queue_families(queue: &crate::queue::QueueMetrics) -> Vec<MetricFamily> {
         MetricType::COUNTER,
     );
     let mut step = family(JOB_STEP, "The newest step a job reported.", MetricType::GAUGE);
+    let mut loss = family(JOB_LOSS, "A running job's newest reported loss.", MetricType::GAUGE);
+    let mut throughput = family(
+        JOB_SAMPLES_PER_SECOND,
+        "A running job's newest reported throughput, in samples per second.",
+        MetricType::GAUGE,
+    );
+    let mut checkpoint_step = family(
+        JOB_CHECKPOINT_STEP,
+        "The step of a running job's newest complete checkpoint.",
+        MetricType::GAUGE,
+    );
+    let mut checkpoint_write = family(
+        JOB_CHECKPOINT_WRITE_SECONDS,
+        "Seconds a running job's newest checkpoint took to write (in the background).",
+        MetricType::GAUGE,
+    );
+    let mut checkpoint_stall = family(
+        JOB_CHECKPOINT_STALL_SECONDS,
+        "Seconds training stood still for a running job's newest checkpoint.",
+        MetricType::GAUGE,
+    );
     for job in &queue.jobs {
         let labels = [("job", job.id.as_str())];
         push_counter(&mut restarts, &labels, f64::from(job.restarts));
@@ -233,6 +259,20 @@ fn queue_families(queue: &crate::queue::QueueMetrics) -> Vec<MetricFamily> {
         push_counter(&mut lost, &labels, job.steps_lost as f64);
         if let Some(s) = job.step {
             push_gauge(&mut step, &labels, s as f64);
+        }
+        let Some(progress) = &job.progress else { continue };
+        if progress.loss.is_finite() {
+            push_gauge(&mut loss, &labels, progress.loss);
+        }
+        push_gauge(&mut throughput, &labels, progress.samples_per_second);
+        if let Some(s) = progress.checkpoint_step {
+            push_gauge(&mut checkpoint_step, &labels, s as f64);
+        }
+        if let Some(s) = progress.checkpoint_write_seconds {
+            push_gauge(&mut checkpoint_write, &labels, s);
+        }
+        if let Some(s) = progress.checkpoint_stall_seconds {
+            push_gauge(&mut checkpoint_stall, &labels, s);
         }
     }
     let mut resume = family(
@@ -243,7 +283,19 @@ fn queue_families(queue: &crate::queue::QueueMetrics) -> Vec<MetricFamily> {
     let mut metric = Metric::default();
     metric.set_histogram(queue.resume_seconds.proto());
     resume.mut_metric().push(metric);
-    vec![jobs, restarts, goodput, lost, step, resume]
+    vec![
+        jobs,
+        restarts,
+        goodput,
+        lost,
+        step,
+        loss,
+        throughput,
+        checkpoint_step,
+        checkpoint_write,
+        checkpoint_stall,
+        resume,
+    ]
 }
 
 #[cfg(test)]

@@ -577,6 +577,20 @@ async fn progress_needs_the_jobs_token_and_auto_gets_a_young_daly_interval() {
     let shown = c.job(&job).await;
     assert_eq!(shown.job.checkpoint_interval, Some(120));
     assert_eq!(shown.step, Some(20));
+
+    // The newest progress is on /metrics: loss, throughput, the newest checkpoint and its cost.
+    let metrics = c.client.get(format!("{}/metrics", c.base)).send().await.unwrap();
+    let metrics = metrics.text().await.unwrap();
+    for line in [
+        format!("fleetmend_job_step{{job=\"{job}\"}} 20"),
+        format!("fleetmend_job_loss{{job=\"{job}\"}} 4.8"),
+        format!("fleetmend_job_samples_per_second{{job=\"{job}\"}} 100"),
+        format!("fleetmend_job_checkpoint_step{{job=\"{job}\"}} 20"),
+        format!("fleetmend_job_checkpoint_write_seconds{{job=\"{job}\"}} 2"),
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "no {line:?} in:\n{metrics}");
+    }
+    assert!(!metrics.contains("fleetmend_job_checkpoint_stall_seconds{"), "none reported");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -119,6 +119,8 @@ pub struct JobFigures {
     pub goodput_ratio: f64,
     pub steps_lost: u64,
     pub step: Option<u64>,
+    /// The current attempt's newest progress: loss, throughput and its newest checkpoint.
+    pub progress: Option<Progress>,
 }
 
 /// Finished jobs kept in `/metrics` (with every unfinished one): job ids are unbounded over time.
@@ -568,6 +570,7 @@ impl JobQueue {
                 goodput_ratio: j.goodput_ratio(now),
                 steps_lost: j.goodput.steps_lost_total,
                 step: j.step(),
+                progress: j.latest_progress().cloned(),
             })
             .collect();
         let resume_seconds =
