@@ -305,6 +305,13 @@ stop() {
     fi
     rm -f "$file"
   done
+  # A slurmd that a fake reboot started just before it was stopped may not have written its pid
+  # file yet: any slurmd left that runs on this DIR's config.
+  for pid in $(pgrep -x slurmd || true); do
+    if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "-f $dir/slurm.conf "; then
+      stop_pid "$pid" slurmd
+    fi
+  done
 }
 
 stop_controller() {
