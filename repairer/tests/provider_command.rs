@@ -16,7 +16,7 @@ fn provider(toml_body: &str) -> Arc<dyn Provider> {
         provider: ProviderConfig,
     }
     let doc: Doc = toml::from_str(&format!("[provider]\nkind = \"command\"\n{toml_body}")).unwrap();
-    build(&doc.provider, &ProviderDeps { commands: Arc::new(CommandQueue::new()) }).unwrap()
+    build(&doc.provider, &ProviderDeps::new(Arc::new(CommandQueue::new()))).unwrap()
 }
 
 fn quoted(path: &Path) -> String {

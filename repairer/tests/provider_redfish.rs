@@ -218,8 +218,7 @@ async fn reboot_resets_the_system_and_returns_once_it_reads_on_again() {
         password_file.display()
     ))
     .unwrap();
-    let provider =
-        build(&config, &ProviderDeps { commands: Arc::new(CommandQueue::new()) }).unwrap();
+    let provider = build(&config, &ProviderDeps::new(Arc::new(CommandQueue::new()))).unwrap();
     assert_eq!(provider.power_state("node1").await.unwrap(), PowerState::On);
     assert_eq!(provider.power_state("node2").await.unwrap(), PowerState::Off);
 
