@@ -33,6 +33,7 @@ pub mod model;
 pub mod optim;
 mod progress;
 pub mod state;
+pub mod telemetry;
 
 use std::fmt;
 use std::io::Write;
@@ -55,6 +56,10 @@ use data::{BatchSpec, Corpus};
 use model::{Gpt, ModelConfig, ParamSpec, VOCAB};
 use optim::{AdamW, AdamWConfig, TrainTensors};
 use state::{RngState, STATE_FORMAT_VERSION, Snapshot, TrainState, Written};
+use telemetry::{
+    CheckpointRecord, RestoreRecord, RunIdentity, SkippedCheckpoint, TrainTelemetry, Trigger,
+    WrittenRecord,
+};
 
 /// Exit code of a run that failed while training (a peer died, a step failed).
 const EXIT_FAILED: u8 = 1;
@@ -129,6 +134,10 @@ pub struct TrainArgs {
     /// Where to compute.
     #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
     pub device: DeviceKind,
+    /// Export traces of checkpoints and restores to this OTLP/gRPC collector
+    /// (`http://host:4317`); none when unset. See `docs/checkpoint-protocol.md`, "Traces".
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
 }
 
 /// `--checkpoint-every`.
@@ -310,7 +319,29 @@ struct Setup {
 fn run(args: TrainArgs) -> Result<(), TrainError> {
     let signals = Signals::register()?;
     let setup = setup(args)?;
-    train(setup, &signals)
+    let telemetry = match setup.args.otlp_endpoint.as_deref().filter(|e| !e.is_empty()) {
+        None => None,
+        Some(endpoint) => {
+            let identity = RunIdentity {
+                job_id: setup.job_id.clone(),
+                rank: setup.membership.rank,
+                world_size: setup.membership.world_size,
+                attempt: setup.attempt,
+            };
+            let telemetry = TrainTelemetry::start(endpoint, identity).map_err(|err| {
+                TrainError::InvalidSetup {
+                    problems: vec![format!("--otlp-endpoint/OTEL_EXPORTER_OTLP_ENDPOINT: {err}")],
+                }
+            })?;
+            Some(telemetry)
+        }
+    };
+    let result = train(setup, &signals, telemetry.as_ref());
+    // Every way out of training (done, stopped, failed) passes here.
+    if let Some(telemetry) = telemetry {
+        telemetry.shutdown();
+    }
+    result
 }
 
 /// Set to the thread count once the trainer re-executed itself with it (so it never loops).
@@ -479,12 +510,31 @@ struct StartPoint {
     checkpoint_step: Option<u64>,
 }
 
-fn train(setup: Setup, signals: &Signals) -> Result<(), TrainError> {
+fn train(
+    setup: Setup,
+    signals: &Signals,
+    telemetry: Option<&TrainTelemetry>,
+) -> Result<(), TrainError> {
     let rank = setup.membership.rank;
     let world = setup.membership.world_size;
     let args = &setup.args;
     // Rank 0 reads the checkpoint before meeting the others: a refusal reaches them as a message.
-    let resume = if rank == 0 { find_resume_point(&setup) } else { Ok(None) };
+    let resume = if rank == 0 {
+        let mut restore = RestoreRecord::begin("checkpoint");
+        let resume = find_resume_point(&setup, &mut restore);
+        restore.ended_at = SystemTime::now();
+        match &resume {
+            Ok(Some(point)) => restore.step = point.checkpoint_step,
+            Ok(None) => {}
+            Err(err) => restore.error = Some(err.to_string()),
+        }
+        if let Some(telemetry) = telemetry.filter(|_| restore.happened()) {
+            telemetry.restore(&restore);
+        }
+        resume
+    } else {
+        Ok(None)
+    };
     let mut comm = if world > 1 {
         let config = CollectiveConfig {
             rendezvous_timeout: args.rendezvous_timeout,
@@ -498,7 +548,21 @@ fn train(setup: Setup, signals: &Signals) -> Result<(), TrainError> {
     } else {
         None
     };
-    let start = share_start_point(&setup, comm.as_mut(), resume)?;
+    let start = if rank == 0 {
+        share_start_point(&setup, comm.as_mut(), resume)?
+    } else {
+        let mut restore = RestoreRecord::begin("rank 0");
+        let start = share_start_point(&setup, comm.as_mut(), resume);
+        restore.ended_at = SystemTime::now();
+        match &start {
+            Ok(point) => restore.step = point.checkpoint_step,
+            Err(err) => restore.error = Some(err.to_string()),
+        }
+        if let Some(telemetry) = telemetry.filter(|_| restore.happened()) {
+            telemetry.restore(&restore);
+        }
+        start?
+    };
     // The state of the newest step, shared with a checkpoint being written; the next step is
     // computed into a spare buffer (a recycled older state) and replaces it.
     let mut current = Arc::new(start.tensors);
@@ -538,6 +602,7 @@ fn train(setup: Setup, signals: &Signals) -> Result<(), TrainError> {
     let queue_interval = Arc::new(AtomicU64::new(0));
     let poster = progress_poster(queue_interval.clone());
     let mut run = RunState {
+        telemetry,
         writer,
         committed: start.checkpoint_step,
         last_write_seconds: None,
@@ -621,7 +686,22 @@ fn train(setup: Setup, signals: &Signals) -> Result<(), TrainError> {
 
             if checkpoint_now || stop_now {
                 last_requested = step;
-                run.checkpoint(&setup, step, done_loss, &current, &optimizer, &mut spares)?;
+                let trigger = if stop_now {
+                    Trigger::Sigterm
+                } else if periodic {
+                    Trigger::Interval
+                } else {
+                    Trigger::Sigusr1
+                };
+                run.checkpoint(
+                    &setup,
+                    step,
+                    trigger,
+                    done_loss,
+                    &current,
+                    &optimizer,
+                    &mut spares,
+                )?;
             }
             run.poll_writes(&mut spares);
             let due = last_progress.is_none_or(|at| at.elapsed() >= args.progress_interval);
@@ -666,7 +746,15 @@ fn train(setup: Setup, signals: &Signals) -> Result<(), TrainError> {
             let step = stopped_at.unwrap_or(args.steps);
             // The end of a run is a checkpoint too: a resumed run with the same --steps is done.
             if stopped_at.is_none() && last_requested != step {
-                run.checkpoint(&setup, step, done_loss, &current, &optimizer, &mut spares)?;
+                run.checkpoint(
+                    &setup,
+                    step,
+                    Trigger::Final,
+                    done_loss,
+                    &current,
+                    &optimizer,
+                    &mut spares,
+                )?;
             }
             let failure = run.finish_writes(&mut spares);
             if let Some(reason) = failure {
@@ -706,7 +794,9 @@ fn interval_due(every: CheckpointEvery, queue: &AtomicU64, step: u64, last: u64)
 }
 
 /// The per-run state of checkpointing.
-struct RunState {
+struct RunState<'t> {
+    /// Where `checkpoint` spans go, when traces are on.
+    telemetry: Option<&'t TrainTelemetry>,
     /// Rank 0's background writer, when checkpoints are on.
     writer: Option<CheckpointThread>,
     /// Newest committed checkpoint (rank 0's, as every rank learns it).
@@ -715,7 +805,7 @@ struct RunState {
     last_stall_seconds: Option<f64>,
 }
 
-impl RunState {
+impl RunState<'_> {
     /// Rank 0: hands the state of `step` to the writer (after the write still in flight, if
     /// any, is done). The tensors are shared, not copied: the stall is the wait and the
     /// bookkeeping. Other ranks: nothing.
@@ -724,6 +814,7 @@ impl RunState {
         &mut self,
         setup: &Setup,
         step: u64,
+        trigger: Trigger,
         loss: f32,
         tensors: &Arc<TrainTensors>,
         optimizer: &AdamW,
@@ -736,6 +827,7 @@ impl RunState {
             return Ok(());
         }
         let stall = Instant::now();
+        let started_at = SystemTime::now();
         let earlier = writer.wait();
         let snapshot = Snapshot {
             state: TrainState {
@@ -757,7 +849,7 @@ impl RunState {
             tensors: Arc::clone(tensors),
         };
         let stall_seconds = stall.elapsed().as_secs_f64();
-        writer.submit(snapshot, stall_seconds)?;
+        writer.submit(snapshot, WriteRequest { stall_seconds, trigger, started_at })?;
         if let Some(done) = earlier {
             self.record(done, spares);
         }
@@ -782,11 +874,26 @@ impl RunState {
         if let Ok(tensors) = Arc::try_unwrap(done.tensors) {
             spares.push(tensors);
         }
+        if let Some(telemetry) = self.telemetry {
+            telemetry.checkpoint(&CheckpointRecord {
+                step: done.step,
+                trigger: done.request.trigger,
+                started_at: done.request.started_at,
+                ended_at: done.ended_at,
+                stall_seconds: done.request.stall_seconds,
+                outcome: done.outcome.as_ref().map_err(Clone::clone).map(|written| WrittenRecord {
+                    bytes: written.bytes,
+                    write_seconds: written.seconds,
+                    path: written.path.display().to_string(),
+                }),
+            });
+        }
+        let stall_seconds = done.request.stall_seconds;
         match done.outcome {
             Ok(written) => {
                 self.committed = Some(written.step);
                 self.last_write_seconds = Some(written.seconds);
-                self.last_stall_seconds = Some(done.stall_seconds);
+                self.last_stall_seconds = Some(stall_seconds);
                 emit(&json!({
                     "event": "checkpoint",
                     "rank": 0,
@@ -794,7 +901,7 @@ impl RunState {
                     "path": written.path,
                     "bytes": written.bytes,
                     "write_seconds": written.seconds,
-                    "stall_seconds": done.stall_seconds,
+                    "stall_seconds": stall_seconds,
                     "pruned": done.pruned,
                 }));
             }
@@ -813,15 +920,26 @@ struct WriteDone {
     step: u64,
     /// The tensors written, back for reuse as a spare buffer.
     tensors: Arc<TrainTensors>,
-    stall_seconds: f64,
+    request: WriteRequest,
+    /// When the write committed (the manifest's rename) or failed.
+    ended_at: SystemTime,
     outcome: Result<Written, String>,
     /// Checkpoints removed to keep the last K.
     pruned: Vec<PathBuf>,
 }
 
+/// How a checkpoint was asked for, handed to the writer with its snapshot.
+#[derive(Debug, Clone, Copy)]
+struct WriteRequest {
+    stall_seconds: f64,
+    trigger: Trigger,
+    /// When the stall began.
+    started_at: SystemTime,
+}
+
 /// Rank 0's checkpoint writer thread: one write at a time, while training goes on.
 struct CheckpointThread {
-    jobs: Option<Sender<(Snapshot, f64)>>,
+    jobs: Option<Sender<(Snapshot, WriteRequest)>>,
     results: Receiver<WriteDone>,
     in_flight: bool,
     handle: Option<thread::JoinHandle<()>>,
@@ -834,16 +952,17 @@ impl CheckpointThread {
         specs: Vec<ParamSpec>,
         keep: usize,
     ) -> Result<Self, TrainError> {
-        let (jobs, job_receiver) = mpsc::channel::<(Snapshot, f64)>();
+        let (jobs, job_receiver) = mpsc::channel::<(Snapshot, WriteRequest)>();
         let (result_sender, results) = mpsc::channel();
         let handle = thread::Builder::new()
             .name("checkpoint-write".into())
             .spawn(move || {
-                for (mut snapshot, stall_seconds) in job_receiver {
+                for (mut snapshot, request) in job_receiver {
                     let step = snapshot.state.step;
                     snapshot.state.weights_sha256 = state::weights_sha256(&snapshot.tensors.params);
                     let outcome = state::write_checkpoint(&dir, &job_id, &specs, &snapshot)
                         .map_err(|e| e.to_string());
+                    let ended_at = SystemTime::now();
                     let pruned = match &outcome {
                         Ok(_) => match checkpoint::prune(&dir, keep) {
                             Ok(outcome) => outcome.removed,
@@ -855,7 +974,7 @@ impl CheckpointThread {
                         Err(_) => Vec::new(),
                     };
                     let tensors = snapshot.tensors;
-                    let done = WriteDone { step, tensors, stall_seconds, outcome, pruned };
+                    let done = WriteDone { step, tensors, request, ended_at, outcome, pruned };
                     if result_sender.send(done).is_err() {
                         return;
                     }
@@ -865,10 +984,9 @@ impl CheckpointThread {
         Ok(CheckpointThread { jobs: Some(jobs), results, in_flight: false, handle: Some(handle) })
     }
 
-    fn submit(&mut self, snapshot: Snapshot, stall_seconds: f64) -> Result<(), TrainError> {
+    fn submit(&mut self, snapshot: Snapshot, request: WriteRequest) -> Result<(), TrainError> {
         let step = snapshot.state.step;
-        let sent =
-            self.jobs.as_ref().is_some_and(|jobs| jobs.send((snapshot, stall_seconds)).is_ok());
+        let sent = self.jobs.as_ref().is_some_and(|jobs| jobs.send((snapshot, request)).is_ok());
         if !sent {
             return Err(TrainError::Checkpoint {
                 step,
@@ -918,7 +1036,10 @@ impl Drop for CheckpointThread {
 /// Rank 0: the newest checkpoint that verifies (each one refused on the way is reported on
 /// stderr with the reason), read and checked against this run. `Err` is a refusal to report to
 /// every rank.
-fn find_resume_point(setup: &Setup) -> Result<Option<StartPoint>, TrainError> {
+fn find_resume_point(
+    setup: &Setup,
+    restore: &mut RestoreRecord,
+) -> Result<Option<StartPoint>, TrainError> {
     let Some(dir) = &setup.checkpoint_dir else {
         return Ok(None);
     };
@@ -932,6 +1053,11 @@ fn find_resume_point(setup: &Setup) -> Result<Option<StartPoint>, TrainError> {
             Ok(valid) => valid,
             Err(reason) => {
                 eprintln!("fleetmend train: checkpoint refused, trying the previous one: {reason}");
+                restore.skipped.push(SkippedCheckpoint {
+                    path: candidate.path.display().to_string(),
+                    reason: reason.to_string(),
+                    at: SystemTime::now(),
+                });
                 continue;
             }
         };
@@ -943,9 +1069,11 @@ fn find_resume_point(setup: &Setup) -> Result<Option<StartPoint>, TrainError> {
                     valid.path.display(),
                     valid.step
                 );
+                restore.path = Some(valid.path.display().to_string());
                 return Ok(Some(point));
             }
             Err(LoadError::Refuse(reason)) => {
+                restore.path = Some(valid.path.display().to_string());
                 return Err(TrainError::ResumeRefused {
                     path: valid.path.display().to_string(),
                     reason,
@@ -956,6 +1084,11 @@ fn find_resume_point(setup: &Setup) -> Result<Option<StartPoint>, TrainError> {
                     "fleetmend train: checkpoint refused, trying the previous one: {}: {reason}",
                     valid.path.display()
                 );
+                restore.skipped.push(SkippedCheckpoint {
+                    path: valid.path.display().to_string(),
+                    reason,
+                    at: SystemTime::now(),
+                });
             }
         }
     }
