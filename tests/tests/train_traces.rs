@@ -56,9 +56,17 @@ impl Finished {
     }
 }
 
+/// Given each stdout line, the signal (`USR1`, `TERM`) to send the trainer then, if any.
+type React = Box<dyn FnMut(&str) -> Option<&'static str> + Send>;
+
 /// Runs one rank of `fleetmend train ARGS` to its exit (killed after [`RUN_LIMIT`]): a run of
 /// one unless `ranks` gives RANK, WORLD_SIZE and MASTER_ADDR/PORT.
-fn run_rank(args: &[String], restart_count: u32, ranks: &[(&str, String)]) -> Finished {
+fn run_rank(
+    args: &[String],
+    restart_count: u32,
+    ranks: &[(&str, String)],
+    mut react: React,
+) -> Finished {
     let mut command = Command::new(fleetmend_bin());
     command.arg("train").args(args).stdin(Stdio::null());
     command.stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -77,8 +85,13 @@ fn run_rank(args: &[String], restart_count: u32, ranks: &[(&str, String)]) -> Fi
     let stdout = child.stdout.take().unwrap();
     let mut stderr_pipe = child.stderr.take().unwrap();
     let (out, done) = (lines.clone(), done_at.clone());
+    let pid = child.id().to_string();
     let stdout_reader = thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(signal) = react(&line) {
+                let sent = Command::new("kill").arg(format!("-{signal}")).arg(&pid).status();
+                assert!(sent.unwrap().success(), "kill -{signal} {pid}");
+            }
             if line.contains(r#""event":"done""#) {
                 *done.lock().unwrap() = Some(Instant::now());
             }
@@ -109,7 +122,7 @@ fn run_rank(args: &[String], restart_count: u32, ranks: &[(&str, String)]) -> Fi
 }
 
 fn run_trainer(args: &[String], restart_count: u32) -> Finished {
-    run_rank(args, restart_count, &[])
+    run_rank(args, restart_count, &[], Box::new(|_| None))
 }
 
 /// Runs `world` ranks of `fleetmend train ARGS` together, each to its exit.
@@ -124,7 +137,7 @@ async fn run_world(world: usize, args: Vec<String>, restart_count: u32) -> Vec<F
                 ("MASTER_ADDR", "127.0.0.1".to_owned()),
                 ("MASTER_PORT", port.to_string()),
             ];
-            run_rank(&args, restart_count, &env)
+            run_rank(&args, restart_count, &env, Box::new(|_| None))
         })
     });
     let mut finished = Vec::new();
@@ -444,5 +457,47 @@ async fn with_two_ranks_rank_0_exports_the_checkpoints_and_each_rank_its_restore
         .map(|s| int_attribute(s, "fleetmend.rank"))
         .collect();
     assert_eq!(checkpoint_ranks, [0], "the resumed run's final checkpoint, from rank 0");
+    collector.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_span_names_the_signal_that_asked_for_it() {
+    let mut collector = FakeCollectorServer::start().await.expect("the OTLP receiver starts");
+    let endpoint = collector.endpoint();
+    let dir = tempfile::tempdir().unwrap();
+    // No interval: SIGUSR1 once training runs, SIGTERM once that checkpoint is written.
+    let args = train_flags(100_000, &dir.path().join("ckpt"), 0, &["--otlp-endpoint", &endpoint]);
+    let (mut sent_usr1, mut sent_term) = (false, false);
+    let react: React = Box::new(move |line| {
+        let event: Value = serde_json::from_str(line).ok()?;
+        if event["event"] == "progress" && event["step"].as_u64() >= Some(3) && !sent_usr1 {
+            sent_usr1 = true;
+            return Some("USR1");
+        }
+        if event["event"] == "checkpoint" && !sent_term {
+            sent_term = true;
+            return Some("TERM");
+        }
+        None
+    });
+    let stopped =
+        tokio::task::spawn_blocking(move || run_rank(&args, 0, &[], react)).await.unwrap();
+    assert!(stopped.status.success(), "{}", stopped.describe());
+    let written: Vec<u64> =
+        stopped.events("checkpoint").iter().map(|c| c["step"].as_u64().unwrap()).collect();
+    assert_eq!(written.len(), 2, "{}", stopped.describe());
+    let mut received = spans(&mut collector, 2).await;
+    received.sort_by_key(|s| s.start_time_unix_nano);
+    let triggers: Vec<(i64, String)> = received
+        .iter()
+        .map(|s| {
+            let step = int_attribute(s, "fleetmend.checkpoint.step");
+            (step, string_attribute(s, "fleetmend.checkpoint.trigger"))
+        })
+        .collect();
+    assert_eq!(
+        triggers,
+        [(written[0] as i64, "sigusr1".to_owned()), (written[1] as i64, "sigterm".to_owned())]
+    );
     collector.abort();
 }

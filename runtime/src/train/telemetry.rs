@@ -25,7 +25,8 @@
 //!
 //! Exporting never fails or slows training: spans leave in batches from the SDK's own thread, an
 //! export error is reported once on stderr, and at exit the provider is shut down within
-//! [`SHUTDOWN_LIMIT`], whatever the collector does.
+//! [`SHUTDOWN_LIMIT`], whatever the collector does. (A SIGTERM before training starts exits at
+//! once, as the protocol says, and a `restore` span not yet exported then goes with it.)
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
