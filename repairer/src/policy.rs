@@ -437,6 +437,23 @@ pub enum Decision {
     Quarantine(Verdict),
 }
 
+/// Longest part of a finding's message in a decision's reason (the reason becomes a Slurm drain
+/// reason and an alert's text: what an operator reads first).
+const REASON_MESSAGE_CHARS: usize = 120;
+
+/// `": <message>"`, on one line and cut to [`REASON_MESSAGE_CHARS`]; empty for no message.
+fn message_part(message: &str) -> String {
+    let line: String = message.split_whitespace().collect::<Vec<_>>().join(" ");
+    if line.is_empty() {
+        return String::new();
+    }
+    let mut cut: String = line.chars().take(REASON_MESSAGE_CHARS).collect();
+    if cut.len() < line.len() {
+        cut.push('…');
+    }
+    format!(": {cut}")
+}
+
 /// Decides what to do about one node. Pure: same inputs, same decision.
 pub fn decide(node: NodeView<'_>, fleet: FleetView, policy: &Policy, now_ms: u64) -> Decision {
     match node.state {
@@ -472,7 +489,7 @@ pub fn decide(node: NodeView<'_>, fleet: FleetView, policy: &Policy, now_ms: u64
                     action,
                     rule: rule.name.clone(),
                     reason: format!(
-                        "{} {}{} is {} ({} observation(s))",
+                        "{} {}{} is {}{} ({} observation(s))",
                         tracked.finding.check,
                         tracked.finding.finding,
                         if tracked.finding.subject.is_empty() {
@@ -481,6 +498,7 @@ pub fn decide(node: NodeView<'_>, fleet: FleetView, policy: &Policy, now_ms: u64
                             format!(" on {}", tracked.finding.subject)
                         },
                         tracked.finding.status,
+                        message_part(&tracked.finding.message),
                         tracked.observations
                     ),
                     findings: vec![tracked.finding.clone()],
@@ -589,6 +607,19 @@ pub fn breaker_trips(recently_unhealthy: u32, members: u32, guard: &GuardRails) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reason_carries_the_findings_message_on_one_line_and_cut() {
+        assert_eq!(message_part(""), "");
+        assert_eq!(
+            message_part("Xid 79 on GPU 0\n(fell off the bus)"),
+            ": Xid 79 on GPU 0 (fell off the bus)"
+        );
+        let long = "x".repeat(500);
+        let part = message_part(&long);
+        assert_eq!(part.chars().count(), 2 + REASON_MESSAGE_CHARS + 1, "{part}");
+        assert!(part.ends_with('…'));
+    }
 
     const NOW: u64 = 1_800_000_000_000;
 

@@ -150,6 +150,13 @@ impl SlurmNode {
         self.state_words().any(|w| matches!(w, "DRAIN" | "DOWN" | "FAIL" | "FAILING"))
     }
 
+    /// A reboot asked of Slurm that has not completed, or a node whose slurmd does not answer.
+    fn is_rebooting(&self) -> bool {
+        self.state_words().any(|w| {
+            matches!(w, "REBOOT_REQUESTED" | "REBOOT_ISSUED" | "NOT_RESPONDING" | "POWERING_UP")
+        }) || self.state.contains('*')
+    }
+
     fn reason_is_ours(&self) -> bool {
         self.reason.as_deref().is_some_and(|r| r.starts_with(DRAIN_REASON_PREFIX))
     }
@@ -490,6 +497,22 @@ impl Scheduler for SlurmScheduler {
             if !current.reason_is_ours() {
                 return Ok(UndrainOutcome::DrainedByOther(current.reason.unwrap_or_default()));
             }
+            // A node whose reboot Slurm has not seen through yet: resuming it now would clear
+            // the reboot, and its slurmd's registration after the boot would then read as an
+            // unexpected reboot (DOWN, "Node unexpectedly rebooted", an admin's reason). The
+            // node's agent can report from the new boot before its slurmd registers: the
+            // caller retries once Slurm has it back.
+            if current.is_rebooting() {
+                return Err(SchedulerError::Failed {
+                    scheduler: NAME,
+                    operation: "undrain",
+                    message: format!(
+                        "{node} is still rebooting in Slurm (State={}): resumed once its slurmd \
+                         registers",
+                        current.state
+                    ),
+                });
+            }
             let name_arg = format!("NodeName={}", self.slurm_name(node));
             self.run("undrain", "scontrol", &["update", &name_arg, "State=RESUME"])
                 .await
@@ -608,6 +631,13 @@ mod tests {
         )
         .unwrap();
         assert!(down.is_out() && !down.is_drained());
+        assert!(down.is_rebooting(), "slurmd does not answer");
+        assert!(!ours.is_rebooting() && !idle.is_rebooting());
+        let rebooting = parse_show_node(
+            "   State=DOWN+DRAIN+REBOOT_ISSUED x=1\n   Reason=fleetmend: reboot [root@2026]\n",
+        )
+        .unwrap();
+        assert!(rebooting.is_rebooting() && rebooting.reason_is_ours());
         assert_eq!(parse_show_node("nothing here"), None);
     }
 
