@@ -239,7 +239,9 @@ struct AgentArgs {
     slurm_drain: bool,
     /// The Slurm node to drain (default: SLURMD_NODENAME, which slurmd sets for its health check,
     /// prolog and epilog; else the agent's node name).
-    #[arg(long, env = "SLURMD_NODENAME", value_name = "NAME", requires = "slurm_drain")]
+    // SLURMD_NODENAME is read by hand: as a clap `env` it would count as this flag given, and a
+    // plain `--once` in a Prolog (or the daemon) would fail for want of --slurm-drain.
+    #[arg(long, value_name = "NAME", requires = "slurm_drain")]
     slurm_node: Option<String>,
     /// Node name (overrides `node`).
     #[arg(long)]
@@ -580,7 +582,11 @@ fn agent(args: AgentArgs) -> ExitCode {
             },
         }
         let code = if args.slurm_drain && view.verdict == Verdict::Unhealthy {
-            let node = args.slurm_node.clone().unwrap_or_else(|| view.node.clone());
+            let node = args
+                .slurm_node
+                .clone()
+                .or_else(|| std::env::var("SLURMD_NODENAME").ok().filter(|n| !n.is_empty()))
+                .unwrap_or_else(|| view.node.clone());
             runtime.block_on(slurm_drain_self(&node, &view.findings))
         } else {
             ExitCode::from(daemon::exit_code(view.verdict) as u8)

@@ -95,6 +95,21 @@ fn an_unhealthy_node_drains_itself_with_a_fleetmend_reason_in_under_10_s() {
 }
 
 #[test]
+fn plain_once_ignores_slurmd_nodename() {
+    // As slurmd's Prolog environment has it: `--once` without --slurm-drain still just checks.
+    let output = run_with_timeout(
+        Command::new(fleetmend_bin())
+            .args(["agent", "--once"])
+            .args(agent_flags("healthy"))
+            .env("SLURMD_NODENAME", "node2")
+            .env("SLURM_CONF", "/nonexistent/slurm.conf"),
+        Duration::from_secs(30),
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(String::from_utf8_lossy(&output.stdout).contains("is healthy"));
+}
+
+#[test]
 fn a_healthy_node_is_left_alone() {
     if !can_run() {
         return;
