@@ -16,7 +16,7 @@ use std::time::Duration;
 use fleetmend_repairer::provider::slurm::SlurmProvider;
 use fleetmend_repairer::slurm::{SlurmConfig, SlurmNode, SlurmScheduler, parse_show_node};
 
-use crate::{run_with_timeout, workspace_root};
+use crate::{fleetmend_bin, run_with_timeout, workspace_root};
 
 /// A dev cluster in a temp dir; stopped (every daemon it started) when dropped, even on a failed
 /// assertion.
@@ -118,6 +118,40 @@ impl DevCluster {
         );
     }
 
+    /// Submits `deploy/slurm/resumable.sbatch` on two nodes running this build's `fleetmend
+    /// train` for `steps` steps, a checkpoint every `every` (0: only when asked), checkpoints in
+    /// `checkpoints` and `train_args` added to the trainer's flags; its job id and output file.
+    pub fn submit_resumable(
+        &self,
+        checkpoints: &Path,
+        steps: u64,
+        every: u64,
+        train_args: &str,
+    ) -> (String, PathBuf) {
+        let out = self.path().join("train.out");
+        let output = run_with_timeout(
+            Command::new("sbatch")
+                .args(["--parsable", "--nodes=2", "-o"])
+                .arg(&out)
+                .arg(workspace_root().join("deploy/slurm/resumable.sbatch"))
+                .current_dir(self.path())
+                .env("SLURM_CONF", self.conf())
+                .env("FLEETMEND", fleetmend_bin())
+                .env("FLEETMEND_CHECKPOINT_DIR", checkpoints)
+                .env("FLEETMEND_TRAIN_STEPS", steps.to_string())
+                .env("FLEETMEND_CHECKPOINT_EVERY", every.to_string())
+                .env("FLEETMEND_TRAIN_ARGS", train_args),
+            Duration::from_secs(20),
+        );
+        assert!(output.status.success(), "sbatch: {}", String::from_utf8_lossy(&output.stderr));
+        (String::from_utf8_lossy(&output.stdout).trim().to_owned(), out)
+    }
+
+    /// `squeue`'s state of `job` (`RUNNING`, `COMPLETED`...; empty once Slurm forgot it).
+    pub fn job_state(&self, job: &str) -> String {
+        self.slurm("squeue", &["-h", "-t", "all", "-j", job, "-o", "%T"]).trim().to_owned()
+    }
+
     /// Stops slurmctld only: slurmd and jobs stay, Slurm's clients cannot reach the controller.
     pub fn stop_controller(&self) {
         self.run_script("stop-controller", Duration::from_secs(30));
@@ -204,4 +238,15 @@ pub fn can_run() -> bool {
         return false;
     }
     true
+}
+
+/// The trainer's JSON lines of kind `kind` (`start`, `progress`, `checkpoint`, `done`...) in a
+/// job's output file.
+pub fn train_events(out: &Path, kind: &str) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(out)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["event"] == kind)
+        .collect()
 }

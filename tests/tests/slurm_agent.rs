@@ -13,7 +13,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use fleetmend_repairer::scheduler::Scheduler;
-use fleetmend_tests::slurm::{DevCluster, can_run};
+use fleetmend_tests::slurm::{DevCluster, can_run, train_events};
 use fleetmend_tests::{
     fixture, fixture_flags, fleetmend_bin, poll_until, run_with_timeout, workspace_root,
 };
@@ -328,49 +328,6 @@ fn prolog_sh_on_a_sick_node_drains_it_and_slurm_requeues_the_job_unheld() {
 /// The trainer's smallest settings: a few milliseconds a step.
 const TINY_MODEL: &str = "--model-dim 16 --layers 1 --heads 2 --context 16 --batch-size 2";
 
-/// Submits `deploy/slurm/resumable.sbatch` on two nodes; its job id and output file.
-fn submit_resumable(
-    cluster: &DevCluster,
-    checkpoints: &Path,
-    steps: u64,
-    every: u64,
-    progress_interval: &str,
-) -> (String, PathBuf) {
-    let out = cluster.path().join("train.out");
-    let output = run_with_timeout(
-        Command::new("sbatch")
-            .args(["--parsable", "--nodes=2", "-o"])
-            .arg(&out)
-            .arg(workspace_root().join("deploy/slurm/resumable.sbatch"))
-            .current_dir(cluster.path())
-            .env("SLURM_CONF", cluster.conf())
-            .env("FLEETMEND", fleetmend_bin())
-            .env("FLEETMEND_CHECKPOINT_DIR", checkpoints)
-            .env("FLEETMEND_TRAIN_STEPS", steps.to_string())
-            .env("FLEETMEND_CHECKPOINT_EVERY", every.to_string())
-            .env(
-                "FLEETMEND_TRAIN_ARGS",
-                format!("{TINY_MODEL} --progress-interval {progress_interval}"),
-            ),
-        Duration::from_secs(20),
-    );
-    assert!(output.status.success(), "sbatch: {}", stderr(&output));
-    (String::from_utf8_lossy(&output.stdout).trim().to_owned(), out)
-}
-
-fn events(out: &Path, kind: &str) -> Vec<Value> {
-    std::fs::read_to_string(out)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|e| e["event"] == kind)
-        .collect()
-}
-
-fn job_state(cluster: &DevCluster, job: &str) -> String {
-    cluster.slurm("squeue", &["-h", "-t", "all", "-j", job, "-o", "%T"]).trim().to_owned()
-}
-
 fn step_dirs(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .map(|entries| {
@@ -393,22 +350,27 @@ fn the_resumable_sbatch_template_trains_on_two_nodes_to_done() {
     let cluster = DevCluster::start();
     let checkpoints = cluster.path().join("checkpoints");
     let started = Instant::now();
-    let (job, out) = submit_resumable(&cluster, &checkpoints, 6, 2, "0s");
+    let (job, out) = cluster.submit_resumable(
+        &checkpoints,
+        6,
+        2,
+        &format!("{TINY_MODEL} --progress-interval 0s"),
+    );
     let finished = poll_until(Duration::from_secs(40), || {
-        matches!(job_state(&cluster, &job).as_str(), "COMPLETED" | "FAILED" | "CANCELLED")
+        matches!(cluster.job_state(&job).as_str(), "COMPLETED" | "FAILED" | "CANCELLED")
     });
     let output = std::fs::read_to_string(&out).unwrap_or_default();
-    assert!(finished, "job {job} not done in 40 s: {}\n{output}", job_state(&cluster, &job));
-    assert_eq!(job_state(&cluster, &job), "COMPLETED", "{output}");
+    assert!(finished, "job {job} not done in 40 s: {}\n{output}", cluster.job_state(&job));
+    assert_eq!(cluster.job_state(&job), "COMPLETED", "{output}");
     println!("resumable.sbatch, 2 nodes, 6 steps: {:.2} s", started.elapsed().as_secs_f64());
 
     assert!(output.contains(&format!("fleetmend-train: job {job} restart 0 on node")), "{output}");
-    let starts = events(&out, "start");
+    let starts = train_events(&out, "start");
     let mut ranks: Vec<u64> = starts.iter().map(|s| s["rank"].as_u64().unwrap()).collect();
     ranks.sort_unstable();
     assert_eq!(ranks, [0, 1], "{output}");
     assert!(starts.iter().all(|s| s["world_size"] == 2), "{output}");
-    let done = events(&out, "done");
+    let done = train_events(&out, "done");
     assert!(!done.is_empty(), "no done line: {output}");
     assert!(done.iter().all(|d| d["step"] == 6), "{output}");
     assert_eq!(step_dirs(&checkpoints), ["step-00000002", "step-00000004", "step-00000006"]);
@@ -432,14 +394,19 @@ async fn the_resumable_job_checkpoints_on_usr1_at_its_batch_script_and_resumes_a
     let cluster = DevCluster::start();
     let checkpoints = cluster.path().join("checkpoints");
     // Long enough never to finish here; checkpoints only when asked (0).
-    let (job, out) = submit_resumable(&cluster, &checkpoints, 10_000_000, 0, "1s");
+    let (job, out) = cluster.submit_resumable(
+        &checkpoints,
+        10_000_000,
+        0,
+        &format!("{TINY_MODEL} --progress-interval 1s"),
+    );
     let output = || std::fs::read_to_string(&out).unwrap_or_default();
     assert!(
         poll_until(Duration::from_secs(30), || {
-            events(&out, "progress").iter().any(|p| p["rank"] == 0)
+            train_events(&out, "progress").iter().any(|p| p["rank"] == 0)
         }),
         "the job did not start training: {} {}",
-        job_state(&cluster, &job),
+        cluster.job_state(&job),
         output()
     );
     assert!(step_dirs(&checkpoints).is_empty(), "{:?}", step_dirs(&checkpoints));
@@ -448,12 +415,12 @@ async fn the_resumable_job_checkpoints_on_usr1_at_its_batch_script_and_resumes_a
     // ranks, rank 0 writes a checkpoint and training goes on.
     cluster.slurm("scancel", &["--signal=USR1", "--batch", &job]);
     assert!(
-        poll_until(Duration::from_secs(20), || !events(&out, "checkpoint").is_empty()),
+        poll_until(Duration::from_secs(20), || !train_events(&out, "checkpoint").is_empty()),
         "no checkpoint after SIGUSR1 at the batch script: {}",
         output()
     );
-    let first = events(&out, "checkpoint")[0]["step"].as_u64().unwrap();
-    assert_eq!(job_state(&cluster, &job), "RUNNING");
+    let first = train_events(&out, "checkpoint")[0]["step"].as_u64().unwrap();
+    assert_eq!(cluster.job_state(&job), "RUNNING");
 
     // The repairer's requeue: the ranks get SIGTERM, checkpoint and stop; the job runs again with
     // restart count 1 and resumes from the newest checkpoint.
@@ -461,21 +428,23 @@ async fn the_resumable_job_checkpoints_on_usr1_at_its_batch_script_and_resumes_a
     assert!(
         poll_until(Duration::from_secs(30), || {
             output().contains(&format!("fleetmend-train: job {job} restart 1 on node"))
-                && events(&out, "start").len() >= 4
+                && train_events(&out, "start").len() >= 4
         }),
         "the job did not start again: {} {}",
-        job_state(&cluster, &job),
+        cluster.job_state(&job),
         output()
     );
     let newest = step_dirs(&checkpoints).last().cloned().unwrap();
     let newest: u64 = newest.trim_start_matches("step-").parse().unwrap();
     assert!(newest >= first, "{newest} < {first}");
-    let resumed: Vec<u64> =
-        events(&out, "start")[2..].iter().map(|s| s["start_step"].as_u64().unwrap()).collect();
+    let resumed: Vec<u64> = train_events(&out, "start")[2..]
+        .iter()
+        .map(|s| s["start_step"].as_u64().unwrap())
+        .collect();
     assert_eq!(resumed, [newest, newest], "{}", output());
     assert!(
         poll_until(Duration::from_secs(20), || {
-            events(&out, "progress").iter().any(|p| p["attempt"] == 1)
+            train_events(&out, "progress").iter().any(|p| p["attempt"] == 1)
         }),
         "{}",
         output()

@@ -21,9 +21,13 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use fleetmend_local::faults::Fault;
+use fleetmend_local::scenario::uninterrupted_hash;
 use fleetmend_local::tree::{NodeTree, node_dir};
-use fleetmend_tests::slurm::{DevCluster, can_run};
-use fleetmend_tests::{Running, free_port, http_get, poll_until, start_agent, start_repairer};
+use fleetmend_repairer::queue::JobSpec;
+use fleetmend_tests::slurm::{DevCluster, can_run, train_events};
+use fleetmend_tests::{
+    Running, fleetmend_bin, free_port, http_get, poll_until, start_agent, start_repairer,
+};
 use serde_json::Value;
 
 const NODES: [&str; 4] = ["node1", "node2", "node3", "node4"];
@@ -424,4 +428,129 @@ fn a_drain_while_slurmctld_is_down_is_retried_with_a_clear_error_and_done_when_i
     let finished =
         world.events_of("node2").iter().filter(|e| e["kind"] == "repair-finished").count();
     assert_eq!(finished, 1, "{}", world.diagnostics());
+}
+
+#[test]
+fn a_training_job_on_a_faulty_node_is_checkpointed_requeued_and_resumed_bit_exact() {
+    if !can_run() {
+        return;
+    }
+    const STEPS: u64 = 150;
+    const EVERY: u64 = 10;
+    // The uninterrupted run's weights, for the same trainer flags.
+    let reference = tempfile::tempdir().unwrap();
+    let spec = JobSpec {
+        name: None,
+        argv: [fleetmend_bin().display().to_string(), "train".to_owned()]
+            .into_iter()
+            .chain(
+                ["--steps", &STEPS.to_string(), "--checkpoint-every", &EVERY.to_string()]
+                    .map(str::to_owned),
+            )
+            .collect(),
+        nodes: 2,
+        priority: 0,
+        checkpoint_dir: String::new(),
+        max_restarts: 0,
+        checkpoint_every: None,
+        env: Default::default(),
+    };
+    let straight = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(uninterrupted_hash("reference", &spec, reference.path(), PHASE))
+        .unwrap();
+
+    let world = World::start(|_| {});
+    let checkpoints = world.cluster.path().join("checkpoints");
+    let (job, out) = world.cluster.submit_resumable(&checkpoints, STEPS, EVERY, "");
+    let output = || std::fs::read_to_string(&out).unwrap_or_default();
+    // Training, with a checkpoint or two behind it.
+    assert!(
+        poll_until(PHASE, || {
+            train_events(&out, "checkpoint").iter().any(|c| c["step"].as_u64() >= Some(2 * EVERY))
+        }),
+        "the job did not get going: {}\n{}",
+        world.cluster.job_state(&job),
+        output()
+    );
+    let nodes = world.cluster.slurm("scontrol", &["show", "hostnames", &job_nodes(&world, &job)]);
+    let nodes: Vec<&str> = nodes.lines().collect();
+    assert_eq!(nodes.len(), 2, "{nodes:?}");
+    let victim = nodes[1].to_owned();
+
+    // A fault on the node of rank 1: drained, the job asked to checkpoint and requeued.
+    world.inject(&victim, Fault::GpuXid(79));
+    assert!(
+        poll_until(PHASE, || world
+            .slurm_reason(&victim)
+            .is_some_and(|r| r.starts_with("fleetmend: "))),
+        "{victim} was not drained:\n{}",
+        world.diagnostics()
+    );
+    let restarted = |world: &World| {
+        let line = world.cluster.slurm("scontrol", &["show", "job", "-o", &job]);
+        restarts_of(&line) >= 1
+    };
+    assert!(
+        poll_until(PHASE, || restarted(&world)),
+        "the job was not requeued: {}\n{}\n{}",
+        world.cluster.job_state(&job),
+        output(),
+        world.diagnostics()
+    );
+    let requeued = Instant::now();
+    let banner = format!("fleetmend-train: job {job} restart 1 on ");
+    assert!(
+        poll_until(PHASE, || output().contains(&banner)),
+        "the requeued job did not run again: {}\n{}",
+        world.cluster.job_state(&job),
+        output()
+    );
+    let took = requeued.elapsed();
+    println!("requeue → running again: {:.2} s", took.as_secs_f64());
+    assert!(took < Duration::from_secs(10), "ran again only after {took:?}");
+
+    // Resumed from the newest checkpoint, on healthy nodes, to the uninterrupted run's weights.
+    assert!(
+        poll_until(PHASE, || world.cluster.job_state(&job) == "COMPLETED"),
+        "the job did not complete: {}\n{}",
+        world.cluster.job_state(&job),
+        output()
+    );
+    // The output holds every attempt, the second after its banner.
+    let text = output();
+    let (first, second) = text.split_at(text.find(&banner).unwrap());
+    let events_in = |part: &str, kind: &str| -> Vec<Value> {
+        part.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|e| e["event"] == kind)
+            .collect()
+    };
+    // The repairer's SIGUSR1 reached the ranks: a checkpoint it asked for, before the requeue.
+    let asked = events_in(first, "checkpoint").iter().any(|c| c["trigger"] == "sigusr1");
+    assert!(asked, "no checkpoint on SIGUSR1 in the first attempt:\n{first}");
+    let newest = events_in(first, "checkpoint").iter().filter_map(|c| c["step"].as_u64()).max();
+    let resumed = events_in(second, "start");
+    assert_eq!(resumed.len(), 2, "{text}");
+    for start in &resumed {
+        assert_eq!(start["start_step"].as_u64(), newest, "{text}");
+    }
+    let done = train_events(&out, "done");
+    let last = done.last().unwrap();
+    assert_eq!(last["step"].as_u64(), Some(STEPS));
+    assert_eq!(last["weights_sha256"].as_str(), Some(straight.as_str()), "{}", output());
+    assert!(!output().contains(&format!("restart 1 on {victim}")), "restarted on the drained node");
+}
+
+/// The `NodeList` of a running job (`node[1-2]`).
+fn job_nodes(world: &World, job: &str) -> String {
+    world.cluster.slurm("squeue", &["-h", "-j", job, "-o", "%N"]).trim().to_owned()
+}
+
+/// Slurm's `Restarts=` of a job's `scontrol show job -o` line.
+fn restarts_of(line: &str) -> u32 {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix("Restarts="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }

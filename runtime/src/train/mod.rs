@@ -902,6 +902,7 @@ impl RunState<'_> {
                     "bytes": written.bytes,
                     "write_seconds": written.seconds,
                     "stall_seconds": stall_seconds,
+                    "trigger": done.request.trigger.as_str(),
                     "pruned": done.pruned,
                 }));
             }
