@@ -1,8 +1,10 @@
 //! `fleetmend up`: a whole self-healing fleet on this machine — the repairer with its embedded
 //! queue (in this process), one real agent process per simulated node on its own host tree, and a
 //! training job over the nodes — shown live until the job ends or Ctrl-C stops everything.
+//! `--scheduler slurm` runs the same fleet on a Slurm cluster (see [`slurm`]).
 
 pub mod fleet;
+pub mod slurm;
 pub mod supervisor;
 pub mod view;
 
@@ -16,7 +18,7 @@ use std::time::Duration;
 use fleetmend_repairer::queue::JobState;
 use tokio::signal::unix::{SignalKind, signal};
 
-pub use self::fleet::{FinalLine, Fleet, FleetConfig, FleetError, NodeView};
+pub use self::fleet::{FinalLine, Fleet, FleetConfig, FleetError, FleetScheduler, NodeView};
 pub use self::supervisor::{Role, Supervisor};
 use self::view::View;
 use crate::scenario::{self, Scenario};
@@ -24,9 +26,9 @@ use crate::scenario::{self, Scenario};
 /// The flags of `fleetmend up`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct UpArgs {
-    /// Nodes that run the job.
-    #[arg(long, default_value_t = 4)]
-    pub nodes: u32,
+    /// Nodes that run the job (default: 4; on Slurm 3, a dev cluster's four less the spare).
+    #[arg(long)]
+    pub nodes: Option<u32>,
     /// Standby nodes that replace broken ones.
     #[arg(long, default_value_t = 1)]
     pub spares: u32,
@@ -69,7 +71,30 @@ pub struct UpArgs {
     /// With --scenario: print the summary as JSON.
     #[arg(long, requires = "scenario")]
     pub json: bool,
+    /// Who runs the job: the repairer's embedded queue, or Slurm (the repairer drains, requeues
+    /// and follows jobs through Slurm's commands; the job is an sbatch job of
+    /// deploy/slurm/resumable.sbatch).
+    #[arg(long, value_enum, default_value_t = SchedulerChoice::Embedded)]
+    pub scheduler: SchedulerChoice,
+    /// With --scheduler slurm: the slurm.conf of a cluster whose nodes the simulated ones stand
+    /// for, in sinfo's order. Without it a dev cluster (munged, slurmctld and four slurmd on this
+    /// host; needs root and Debian's slurm-wlm munge) is started under the state directory and
+    /// stopped with the fleet.
+    #[arg(long, value_name = "FILE")]
+    pub slurm_conf: Option<PathBuf>,
 }
+
+/// `--scheduler`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SchedulerChoice {
+    Embedded,
+    Slurm,
+}
+
+/// Nodes that run the job on a Slurm dev cluster: its four less the spare.
+const SLURM_DEFAULT_NODES: u32 = 3;
+/// Nodes that run the job on the embedded queue.
+const DEFAULT_NODES: u32 = 4;
 
 /// Exit status when the job failed or was cancelled.
 const EXIT_JOB_FAILED: u8 = 1;
@@ -149,8 +174,28 @@ async fn run(args: UpArgs) -> ExitCode {
         }
     };
     let state_dir = FleetConfig::default_state_dir(args.state_dir.clone());
+    let scheduler = match (args.scheduler, &args.slurm_conf) {
+        (SchedulerChoice::Embedded, None) => FleetScheduler::Embedded,
+        (SchedulerChoice::Embedded, Some(_)) => {
+            eprintln!("fleetmend up: --slurm-conf needs --scheduler slurm");
+            return ExitCode::from(EXIT_CANNOT_RUN);
+        }
+        (SchedulerChoice::Slurm, conf) => FleetScheduler::Slurm { conf: conf.clone() },
+    };
+    if args.scheduler == SchedulerChoice::Slurm && args.scenario.is_some() {
+        eprintln!(
+            "fleetmend up: --scenario measures the embedded queue's job (its attempts and steps); \
+             it does not run with --scheduler slurm"
+        );
+        return ExitCode::from(EXIT_CANNOT_RUN);
+    }
+    let nodes = args.nodes.unwrap_or(match args.scheduler {
+        SchedulerChoice::Embedded => DEFAULT_NODES,
+        SchedulerChoice::Slurm => SLURM_DEFAULT_NODES,
+    });
     let mut config = FleetConfig {
-        nodes: args.nodes,
+        nodes,
+        scheduler,
         spares: args.spares,
         job: !args.no_job,
         steps: args.steps,
@@ -232,6 +277,15 @@ async fn run(args: UpArgs) -> ExitCode {
         {
             break End::Job(job.job.state);
         }
+        if let Some(job) = fleet.slurm_job()
+            && job.is_final()
+        {
+            break End::Job(match job.state.as_str() {
+                "COMPLETED" => JobState::Completed,
+                "CANCELLED" => JobState::Cancelled,
+                _ => JobState::Failed,
+            });
+        }
         if fleet.job_id().is_none() && fleet.config().job {
             break End::Job(JobState::Failed);
         }
@@ -247,6 +301,8 @@ async fn run(args: UpArgs) -> ExitCode {
     }
     let final_line = fleet.final_line();
     let job = fleet.job();
+    let job_id = fleet.job_id().map(str::to_owned).unwrap_or_default();
+    let slurm_job = fleet.slurm_job();
     match &end {
         End::Signal(_, name) => {
             let _ = writeln!(
@@ -270,27 +326,29 @@ async fn run(args: UpArgs) -> ExitCode {
     );
     let code = match end {
         End::Job(JobState::Completed) => {
-            match (job, final_line) {
-                (Some(job), Some(done)) => {
+            match final_line {
+                Some(done) => {
                     let _ = writeln!(
                         stdout,
-                        "job {} completed: step {}, loss {:.4}, weights sha256 {}",
-                        job.job.id, done.step, done.loss, done.weights_sha256
+                        "job {job_id} completed: step {}, loss {:.4}, weights sha256 {}",
+                        done.step, done.loss, done.weights_sha256
                     );
                 }
-                (job, None) => {
-                    let id = job.map(|j| j.job.id).unwrap_or_default();
-                    let _ =
-                        writeln!(stdout, "job {id} completed (its rank 0 log has no final line)");
+                None => {
+                    let _ = writeln!(
+                        stdout,
+                        "job {job_id} completed (its rank 0 log has no final line)"
+                    );
                 }
-                (None, Some(_)) => {}
             }
             ExitCode::SUCCESS
         }
         End::Job(state) => {
-            let reason = job
-                .map(|j| format!("job {} {state}: {}", j.job.id, j.job.reason))
-                .unwrap_or_else(|| format!("the job {state}"));
+            let reason = match (job, slurm_job) {
+                (Some(j), _) => format!("job {} {state}: {}", j.job.id, j.job.reason),
+                (None, Some(s)) => format!("Slurm job {} {}: {}", s.id, s.state, s.reason),
+                (None, None) => format!("the job {state}"),
+            };
             let _ = writeln!(stdout, "{reason}");
             ExitCode::from(EXIT_JOB_FAILED)
         }

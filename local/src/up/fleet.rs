@@ -1,7 +1,11 @@
 //! A whole local fleet as one library type: the repairer in this process (embedded queue, SQLite
 //! in the state directory, the `local` provider), one agent process per simulated node, and a
 //! training job. `fleetmend up`, the scenario runner and tests drive it through [`Fleet`].
+//!
+//! With [`FleetScheduler::Slurm`] the repairer drives a Slurm cluster instead of its embedded
+//! queue, and the job is an sbatch job (see [`super::slurm`]).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -15,11 +19,13 @@ use fleetmend_repairer::model::{Event, NodeState};
 // Re-exported: FleetConfig::mode names it.
 pub use fleetmend_repairer::policy::Mode;
 use fleetmend_repairer::queue::{JobQueue, JobSpec, JobState, JobView};
-use fleetmend_repairer::scheduler::DRAIN_REASON_PREFIX;
+use fleetmend_repairer::scheduler::{DRAIN_REASON_PREFIX, Scheduler};
 use fleetmend_repairer::service::{self, Repairer};
+use fleetmend_repairer::slurm::{SlurmConfig, SlurmScheduler};
 use fleetmend_repairer::store::Store;
 use serde::{Deserialize, Serialize};
 
+use super::slurm::{SlurmCluster, SlurmJob, SlurmJobStatus, SlurmUpError};
 use super::supervisor::{self, AgentSettings, NodeInfo, Note, Role, Supervisor, SupervisorError};
 use crate::faults::Fault;
 use crate::provider::LocalProvider;
@@ -65,6 +71,20 @@ pub struct FleetConfig {
     pub mode: Mode,
     /// Alert sinks of the repairer (CloudWatch-style, Alertmanager, webhook): none by default.
     pub alert_sinks: Vec<SinkConfig>,
+    /// Who runs the job: the repairer's embedded queue, or a Slurm cluster.
+    pub scheduler: FleetScheduler,
+}
+
+/// Who runs a fleet's job.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum FleetScheduler {
+    /// The repairer's embedded queue; the agents run the ranks.
+    #[default]
+    Embedded,
+    /// A Slurm cluster: the one of `conf` (a `slurm.conf`), or without one a dev cluster started
+    /// under the state directory (`deploy/slurm/dev-cluster.sh`). The nodes `node-1`.. stand for
+    /// its nodes in `sinfo`'s order; the job is an sbatch job of `resumable.sbatch`.
+    Slurm { conf: Option<PathBuf> },
 }
 
 impl FleetConfig {
@@ -88,6 +108,7 @@ impl FleetConfig {
             exe,
             mode: Mode::Enforce,
             alert_sinks: Vec::new(),
+            scheduler: FleetScheduler::Embedded,
         }
     }
 
@@ -172,6 +193,8 @@ pub enum FleetError {
     NoJob,
     #[error("opening the event log: {0}")]
     Events(Box<fleetmend_repairer::store::StoreError>),
+    #[error("Slurm: {0}")]
+    Slurm(#[from] SlurmUpError),
 }
 
 impl From<SupervisorError> for FleetError {
@@ -245,7 +268,10 @@ pub struct Fleet {
     supervisor: Arc<Supervisor>,
     repairer: Option<Repairer>,
     engine: Arc<Engine>,
-    queue: Arc<JobQueue>,
+    /// The embedded queue (none on Slurm).
+    queue: Option<Arc<JobQueue>>,
+    /// The Slurm cluster, its settings as the repairer has them, and the job on it.
+    slurm: Option<SlurmFleet>,
     events: Store,
     repairer_url: String,
     admin_token_file: PathBuf,
@@ -265,6 +291,18 @@ impl std::fmt::Debug for Fleet {
             .finish_non_exhaustive()
     }
 }
+
+/// The Slurm side of a fleet on Slurm.
+struct SlurmFleet {
+    cluster: Arc<SlurmCluster>,
+    config: SlurmConfig,
+    job: Option<Arc<SlurmJob>>,
+    /// Reads the job's status from Slurm every [`SLURM_POLL`].
+    poller: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// How often the Slurm job's status is read.
+const SLURM_POLL: Duration = Duration::from_millis(500);
 
 /// The reason the spares are drained with: fleetmend's own prefix, so the replacement workflow
 /// may undrain a spare once it is validated.
@@ -387,21 +425,70 @@ impl Fleet {
             supervisor.add(tree, *role)?;
         }
 
+        let slurm = match &config.scheduler {
+            FleetScheduler::Embedded => None,
+            FleetScheduler::Slurm { conf } => {
+                let (dir, conf) = (state_dir.clone(), conf.clone());
+                let cluster =
+                    tokio::task::spawn_blocking(move || SlurmCluster::start(&dir, conf.as_deref()))
+                        .await
+                        .map_err(|err| SlurmUpError::Command {
+                            what: "starting the Slurm cluster".to_owned(),
+                            message: err.to_string(),
+                        })??;
+                let names: Vec<String> = roles.iter().map(|(name, _)| name.clone()).collect();
+                let node_names = match cluster.node_names(&names, config.nodes, config.spares) {
+                    Ok(node_names) => node_names,
+                    Err(err) => {
+                        tokio::task::spawn_blocking(move || cluster.stop()).await.ok();
+                        return Err(err.into());
+                    }
+                };
+                let slurm_config = slurm_config(cluster.conf(), node_names);
+                Some(SlurmFleet {
+                    cluster: Arc::new(cluster),
+                    config: slurm_config,
+                    job: None,
+                    poller: None,
+                })
+            }
+        };
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let repairer_config =
-            Self::repairer_config(&config, &state_dir, &admin_token_file, &agent_token_file);
+        let repairer_config = Self::repairer_config(
+            &config,
+            &state_dir,
+            &admin_token_file,
+            &agent_token_file,
+            slurm.as_ref().map(|s| &s.config),
+        );
         let problems = repairer_config.problems();
         if !problems.is_empty() {
+            if let Some(slurm) = slurm {
+                let cluster = slurm.cluster;
+                tokio::task::spawn_blocking(move || cluster.stop()).await.ok();
+            }
             return Err(FleetError::RepairerConfig(problems));
         }
         let provider = Arc::new(LocalProvider::new(supervisor.clone()));
-        let repairer = service::start_with(repairer_config, None, Some(provider), async {
+        let started = service::start_with(repairer_config, None, Some(provider), async {
             let _ = stop_rx.await;
         })
-        .await
-        .map_err(Box::new)?;
+        .await;
+        let repairer = match started {
+            Ok(repairer) => repairer,
+            Err(err) => {
+                if let Some(slurm) = slurm {
+                    let cluster = slurm.cluster;
+                    tokio::task::spawn_blocking(move || cluster.stop()).await.ok();
+                }
+                return Err(Box::new(err).into());
+            }
+        };
         let engine = repairer.engine.clone();
-        let queue = repairer.queue.clone().ok_or(FleetError::NoQueue)?;
+        let queue = repairer.queue.clone();
+        if queue.is_none() && slurm.is_none() {
+            return Err(FleetError::NoQueue);
+        }
         let repairer_url = format!("http://{}", repairer.local_addr);
         supervisor.set_repairer_url(&repairer_url);
         let events = Store::open(&state_dir.join("repairer.db"))
@@ -415,6 +502,7 @@ impl Fleet {
             repairer: Some(repairer),
             engine,
             queue,
+            slurm,
             events,
             repairer_url,
             admin_token_file,
@@ -435,10 +523,17 @@ impl Fleet {
         for (node, role) in roles {
             if *role == Role::Spare {
                 let reason = format!("{DRAIN_REASON_PREFIX}{SPARE_REASON}");
-                self.queue.admin_drain(node, &reason).map_err(|err| FleetError::Spare {
-                    node: node.clone(),
-                    message: err.to_string(),
-                })?;
+                let drained = match (&self.queue, &self.slurm) {
+                    (_, Some(slurm)) => SlurmScheduler::new(slurm.config.clone())
+                        .drain(node, &reason)
+                        .await
+                        .map_err(|err| err.to_string()),
+                    (Some(queue), None) => {
+                        queue.admin_drain(node, &reason).map_err(|err| err.to_string())
+                    }
+                    (None, None) => Err(FleetError::NoQueue.to_string()),
+                };
+                drained.map_err(|message| FleetError::Spare { node: node.clone(), message })?;
             }
         }
         let since = now_ms();
@@ -474,7 +569,10 @@ impl Fleet {
             }
         }
         if self.config.job {
-            self.job_id = Some(self.submit_job()?);
+            self.job_id = Some(match self.slurm.is_some() {
+                true => self.submit_slurm_job().await?,
+                false => self.submit_job()?,
+            });
             self.write_fleet_file(true);
         }
         Ok(())
@@ -538,6 +636,7 @@ impl Fleet {
         state_dir: &Path,
         admin_token_file: &Path,
         agent_token_file: &Path,
+        slurm: Option<&SlurmConfig>,
     ) -> RepairerConfig {
         let mut repairer = RepairerConfig {
             listen: config.listen.unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0))),
@@ -561,6 +660,12 @@ impl Fleet {
         workflow.replace_timeout = Duration::from_secs(60);
         workflow.validate_timeout = Duration::from_secs(30);
         workflow.retry_max = Duration::from_secs(5);
+        if let Some(slurm) = slurm {
+            repairer.scheduler = SchedulerKind::Slurm;
+            repairer.slurm = slurm.clone();
+            // Slurm delivers SIGUSR1 and the requeue's SIGTERM; the trainer checkpoints on both.
+            workflow.checkpoint_grace = Duration::from_secs(3);
+        }
         repairer.policy.mode = config.mode;
         repairer.alerts.sinks = config.alert_sinks.clone();
         // A local fleet's alerts go out within a fraction of a second.
@@ -580,7 +685,8 @@ impl Fleet {
 
     fn submit_job(&self) -> Result<String, FleetError> {
         // A fleet restarted on its state directory follows its unfinished job.
-        if let Some(job) = self.queue.jobs().into_iter().rev().find(|j| !j.job.state.is_final()) {
+        let queue = self.queue.as_ref().ok_or(FleetError::NoQueue)?;
+        if let Some(job) = queue.jobs().into_iter().rev().find(|j| !j.job.state.is_final()) {
             return Ok(job.job.id);
         }
         let checkpoints = self.state_dir.join("checkpoints").join(format!("run-{}", now_ms()));
@@ -609,8 +715,7 @@ impl Fleet {
             checkpoint_every: None,
             env: Default::default(),
         };
-        let view = self
-            .queue
+        let view = queue
             .submit(spec, "fleetmend-up")
             .map_err(|err| FleetError::Submit(err.to_string()))?;
         Ok(view.job.id)
@@ -709,17 +814,43 @@ impl Fleet {
         self.job_id.as_deref()
     }
 
-    /// The job as the queue shows it.
+    /// The job as the embedded queue shows it (none on Slurm: see [`Fleet::slurm_job`]).
     pub fn job(&self) -> Option<JobView> {
-        self.queue.job(self.job_id.as_deref()?)
+        self.queue.as_ref()?.job(self.job_id.as_deref()?)
+    }
+
+    /// The job as Slurm showed it last (on Slurm).
+    pub fn slurm_job(&self) -> Option<SlurmJobStatus> {
+        self.slurm.as_ref()?.job.as_ref()?.status()
+    }
+
+    /// The Slurm job's newest progress from its output: step and loss (on Slurm).
+    pub fn slurm_job_progress(&self) -> Option<(u64, f64)> {
+        self.slurm.as_ref()?.job.as_ref()?.progress()
+    }
+
+    /// The Slurm job's output file (on Slurm).
+    pub fn slurm_job_output(&self) -> Option<&Path> {
+        Some(&self.slurm.as_ref()?.job.as_ref()?.output)
+    }
+
+    /// The Slurm cluster's `slurm.conf` (on Slurm).
+    pub fn slurm_conf(&self) -> Option<&Path> {
+        Some(self.slurm.as_ref()?.cluster.conf())
+    }
+
+    /// Slurm's name of each node (on Slurm).
+    pub fn slurm_node_names(&self) -> Option<&BTreeMap<String, String>> {
+        Some(&self.slurm.as_ref()?.config.node_names)
     }
 
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
     }
 
-    pub fn queue(&self) -> &Arc<JobQueue> {
-        &self.queue
+    /// The embedded queue (none on Slurm).
+    pub fn queue(&self) -> Option<&Arc<JobQueue>> {
+        self.queue.as_ref()
     }
 
     pub fn supervisor(&self) -> &Arc<Supervisor> {
@@ -752,7 +883,7 @@ impl Fleet {
         let id = self.job_id.clone().ok_or(FleetError::NoJob)?;
         let deadline = Instant::now() + timeout;
         loop {
-            let job = self.queue.job(&id).ok_or(FleetError::NoJob)?;
+            let job = self.job().filter(|j| j.job.id == id).ok_or(FleetError::NoJob)?;
             if job.job.state.is_final() || Instant::now() >= deadline {
                 return Ok(job);
             }
@@ -762,6 +893,9 @@ impl Fleet {
 
     /// The `done` line of the job's last attempt (rank 0's log), once it completed.
     pub fn final_line(&self) -> Option<FinalLine> {
+        if let Some(slurm) = &self.slurm {
+            return slurm.job.as_ref()?.final_line();
+        }
         let job = self.job()?;
         let node = job.job.nodes.first()?;
         let log = self
@@ -791,8 +925,26 @@ impl Fleet {
     /// killed agents killed, the trees unmounted, and the repairer stopped.
     pub async fn shutdown(mut self) {
         self.supervisor.begin_stop();
-        if let Some(job) = self.job().filter(|j| !j.job.state.is_final()) {
-            if let Err(err) = self.queue.cancel(&job.job.id, "fleetmend up (stopping)") {
+        if let Some(slurm) = &mut self.slurm {
+            if let Some(poller) = slurm.poller.take() {
+                poller.abort();
+            }
+            let unfinished =
+                slurm.job.as_ref().filter(|j| !j.status().is_some_and(|s| s.is_final()));
+            if let Some(job) = unfinished {
+                let (cluster, id) = (slurm.cluster.clone(), job.id.clone());
+                // The ranks get SIGTERM from Slurm and write a checkpoint.
+                let cancelled =
+                    tokio::task::spawn_blocking(move || cluster.slurm("scancel", &[&id])).await;
+                if let Ok(Err(err)) = cancelled {
+                    tracing::warn!(error = %err, "cancelling the Slurm job failed");
+                }
+            }
+        }
+        if let Some(job) = self.job().filter(|j| !j.job.state.is_final())
+            && let Some(queue) = &self.queue
+        {
+            if let Err(err) = queue.cancel(&job.job.id, "fleetmend up (stopping)") {
                 tracing::warn!(job = %job.job.id, error = %err, "cancelling the job failed");
             }
             // The ranks hear SIGTERM in the reply to their agents' next report.
@@ -815,6 +967,63 @@ impl Fleet {
                 Err(_) => tracing::warn!("the repairer did not stop within 5 s"),
             }
         }
+        if let Some(slurm) = self.slurm.take() {
+            let cluster = slurm.cluster;
+            tokio::task::spawn_blocking(move || cluster.stop()).await.ok();
+        }
+    }
+
+    /// Submits the training job to Slurm (`resumable.sbatch` on `nodes` nodes) and starts
+    /// following its status.
+    async fn submit_slurm_job(&mut self) -> Result<String, FleetError> {
+        let slurm = self.slurm.as_mut().ok_or(FleetError::NoJob)?;
+        let checkpoints = self.state_dir.join("checkpoints").join(format!("run-{}", now_ms()));
+        let settings = super::slurm::JobSettings {
+            script: self.state_dir.join("resumable.sbatch"),
+            output_dir: self.state_dir.clone(),
+            exe: self.config.exe.clone(),
+            checkpoints,
+            nodes: self.config.nodes,
+            steps: self.config.steps,
+            checkpoint_every: self.config.checkpoint_every.clone(),
+            train_args: format!(
+                "--seed {} --collective-timeout 10s --rendezvous-timeout 60s",
+                self.config.seed
+            ),
+        };
+        let cluster = slurm.cluster.clone();
+        let job = tokio::task::spawn_blocking(move || SlurmJob::submit(&cluster, &settings))
+            .await
+            .map_err(|err| FleetError::Submit(err.to_string()))??;
+        let job = Arc::new(job);
+        let id = job.id.clone();
+        let (cluster, polled) = (slurm.cluster.clone(), job.clone());
+        slurm.poller = Some(tokio::spawn(async move {
+            loop {
+                let (cluster, job) = (cluster.clone(), polled.clone());
+                let status =
+                    tokio::task::spawn_blocking(move || job.refresh(&cluster)).await.ok().flatten();
+                if status.is_some_and(|s| s.is_final()) {
+                    return;
+                }
+                tokio::time::sleep(SLURM_POLL).await;
+            }
+        }));
+        slurm.job = Some(job);
+        Ok(id)
+    }
+}
+
+/// The repairer's `[slurm]` settings for a fleet on `conf`: snappy timeouts for one machine,
+/// slurmctld retried for half a minute before a workflow step fails (and is retried itself).
+fn slurm_config(conf: &Path, node_names: BTreeMap<String, String>) -> SlurmConfig {
+    SlurmConfig {
+        slurm_conf: Some(conf.to_owned()),
+        node_names,
+        command_timeout: Duration::from_secs(15),
+        controller_retry_for: Duration::from_secs(30),
+        controller_retry_max_backoff: Duration::from_secs(2),
+        ..SlurmConfig::default()
     }
 }
 
@@ -877,6 +1086,7 @@ mod tests {
             Path::new("/tmp/x"),
             Path::new("/tmp/x/admin.token"),
             Path::new("/tmp/x/agent.token"),
+            None,
         );
         assert_eq!(repairer.problems(), Vec::new());
         assert_eq!(repairer.scheduler, SchedulerKind::Embedded);
@@ -884,6 +1094,30 @@ mod tests {
         assert_eq!(repairer.engine.tick, Duration::from_millis(100));
         assert_eq!(repairer.queue.tick, Duration::from_millis(100));
         assert!(repairer.engine.workflow.reboot_timeout <= Duration::from_secs(60));
+    }
+
+    #[test]
+    fn on_slurm_the_repairer_drives_the_cluster_with_the_nodes_mapped() {
+        let config = FleetConfig::new(PathBuf::from("/tmp/x"), PathBuf::from("/bin/fleetmend"));
+        let names = BTreeMap::from([
+            ("node-1".to_owned(), "node1".to_owned()),
+            ("node-2".to_owned(), "node2".to_owned()),
+        ]);
+        let slurm = slurm_config(Path::new("/tmp/x/slurm/slurm.conf"), names.clone());
+        let repairer = Fleet::repairer_config(
+            &config,
+            Path::new("/tmp/x"),
+            Path::new("/tmp/x/admin.token"),
+            Path::new("/tmp/x/agent.token"),
+            Some(&slurm),
+        );
+        assert_eq!(repairer.problems(), Vec::new());
+        assert_eq!(repairer.scheduler, SchedulerKind::Slurm);
+        assert_eq!(repairer.slurm.node_names, names);
+        assert_eq!(
+            repairer.slurm.slurm_conf.as_deref(),
+            Some(Path::new("/tmp/x/slurm/slurm.conf"))
+        );
     }
 }
 

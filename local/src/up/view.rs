@@ -38,6 +38,8 @@ pub struct View {
     recent: VecDeque<Line>,
     job_state: Option<(JobState, u32)>,
     last_progress: Option<Instant>,
+    /// The Slurm job's last line (state, restarts, nodes) in the plain log.
+    slurm_line: Option<String>,
     node_states: BTreeMap<String, (Option<NodeState>, Role, AgentState)>,
     width: usize,
 }
@@ -69,6 +71,7 @@ impl View {
             recent: VecDeque::new(),
             job_state: None,
             last_progress: None,
+            slurm_line: None,
             node_states: BTreeMap::new(),
             width,
         }
@@ -100,6 +103,21 @@ impl View {
                 job.job.id,
                 job.job.spec.nodes,
                 job.job.spec.argv.iter().skip(1).cloned().collect::<Vec<_>>().join(" ")
+            );
+        }
+        if let Some(conf) = fleet.slurm_conf() {
+            let _ = writeln!(text, "Slurm: SLURM_CONF={}", conf.display());
+            if let Some(names) = fleet.slurm_node_names() {
+                let pairs: Vec<String> = names.iter().map(|(f, s)| format!("{f}={s}")).collect();
+                let _ = writeln!(text, "Slurm nodes: {}", pairs.join(" "));
+            }
+        }
+        if let (Some(id), Some(output)) = (fleet.job_id(), fleet.slurm_job_output()) {
+            let _ = writeln!(
+                text,
+                "job {id}: sbatch of resumable.sbatch on {} node(s), output {}",
+                fleet.config().nodes,
+                output.display()
             );
         }
         let _ = writeln!(
@@ -172,6 +190,7 @@ impl View {
             }
             self.node_changes(&nodes, &mut text);
             self.job_changes(job.as_ref(), &mut text);
+            self.slurm_job_changes(fleet, &mut text);
             out.write_all(text.as_bytes())?;
         }
         out.flush()
@@ -195,6 +214,19 @@ impl View {
                     now.2.as_str()
                 );
             }
+        }
+    }
+
+    /// Plain output: a line when the Slurm job's state, restarts or nodes change, and its
+    /// progress now and then.
+    fn slurm_job_changes(&mut self, fleet: &Fleet, text: &mut String) {
+        let Some(line) = slurm_job_line(fleet) else { return };
+        let changed = self.slurm_line.as_deref() != Some(line.0.as_str());
+        let due = self.last_progress.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY);
+        if changed || due {
+            let _ = writeln!(text, "[{}] {}{}", self.elapsed(now_ms()), line.0, line.1);
+            self.slurm_line = Some(line.0);
+            self.last_progress = Some(Instant::now());
         }
     }
 
@@ -266,9 +298,14 @@ impl View {
                     truncate(&job.job.reason, self.width.saturating_sub(30))
                 );
             }
-            None => {
-                let _ = writeln!(s, "{BOLD}no job{RESET}{CLEAR_EOL}");
-            }
+            None => match slurm_job_line(fleet) {
+                Some((line, progress)) => {
+                    let _ = writeln!(s, "{BOLD}{line}{RESET}{progress}{CLEAR_EOL}");
+                }
+                None => {
+                    let _ = writeln!(s, "{BOLD}no job{RESET}{CLEAR_EOL}");
+                }
+            },
         }
         let _ = writeln!(s, "{CLEAR_EOL}");
         let _ = writeln!(s, "{BOLD}EVENTS{RESET}{CLEAR_EOL}");
@@ -280,6 +317,25 @@ impl View {
         let _ = write!(s, "{DIM}Ctrl-C stops everything.{RESET}{CLEAR_EOL}\x1b[J");
         s
     }
+}
+
+/// The Slurm job in one line: its state, restarts and nodes as Slurm shows them; and its newest
+/// progress from its output.
+fn slurm_job_line(fleet: &Fleet) -> Option<(String, String)> {
+    let status = fleet.slurm_job()?;
+    let mut line =
+        format!("Slurm job {} {}: restarts {}", status.id, status.state, status.restarts);
+    if !status.nodes.is_empty() {
+        let _ = write!(line, ", nodes {}", status.nodes);
+    }
+    if !status.reason.is_empty() {
+        let _ = write!(line, " ({})", status.reason);
+    }
+    let progress = match fleet.slurm_job_progress() {
+        Some((step, loss)) => format!(", step {step}/{}, loss {loss:.4}", fleet.config().steps),
+        None => String::new(),
+    };
+    Some((line, progress))
 }
 
 /// The job in one line: state, attempt, step, loss, throughput, goodput.
