@@ -19,10 +19,19 @@ const SCRAPED_DEADLINE: Duration = Duration::from_secs(60);
 
 /// The shipped prometheus.yml, pointed at this test's repairer and token, scraping every second.
 fn prometheus_config(dir: &std::path::Path, repairer: SocketAddr) -> std::path::PathBuf {
-    let shipped =
-        std::fs::read_to_string(workspace_root().join("deploy/prometheus/prometheus.yml")).unwrap();
     let token = dir.join("admin.token");
     std::fs::write(&token, ADMIN_TOKEN).unwrap();
+    prometheus_config_with(dir, repairer, &token)
+}
+
+/// The shipped prometheus.yml, pointed at `repairer` with the admin token in `token`.
+fn prometheus_config_with(
+    dir: &std::path::Path,
+    repairer: SocketAddr,
+    token: &std::path::Path,
+) -> std::path::PathBuf {
+    let shipped =
+        std::fs::read_to_string(workspace_root().join("deploy/prometheus/prometheus.yml")).unwrap();
     let rules = workspace_root().join("deploy/prometheus/rules/fleetmend.rules.yml");
     let replaced = [
         ("repairer.example:9830", repairer.to_string()),
@@ -181,4 +190,83 @@ fn urlencode(value: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
+}
+
+/// The value of the single series `query` returns, if there is one.
+fn query_value(prometheus: SocketAddr, query: &str) -> Option<f64> {
+    let path = format!("/api/v1/query?query={}", urlencode(query));
+    let (status, body) = http_get(prometheus, &path)?;
+    let parsed: Value = serde_json::from_str(&body).ok()?;
+    (status == 200).then_some(())?;
+    parsed["data"]["result"][0]["value"][1].as_str()?.parse().ok()
+}
+
+#[test]
+fn prometheus_scrapes_a_fleetmend_up_fleet_and_its_job_through_service_discovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("up");
+    let repairer_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    // A job long enough to outlast the test; two workers and a spare.
+    let stdout = dir.path().join("up.stdout");
+    let stderr_path = dir.path().join("up.stderr");
+    let child = Command::new(fleetmend_tests::fleetmend_bin())
+        .args(["up", "--nodes", "2", "--spares", "1", "--steps", "1000000"])
+        .arg("--listen")
+        .arg(repairer_addr.to_string())
+        .arg("--state-dir")
+        .arg(&state)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&stdout).unwrap())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .unwrap();
+    // Dropped (killed) at the end; SIGKILL leaves agents behind, so stop it with SIGINT first.
+    let up = Running { child, stderr_path };
+    let stop_up = |up: &Running| {
+        let _ = Command::new("kill").arg("-INT").arg(up.child.id().to_string()).status();
+    };
+    let token = state.join("admin.token");
+    let started = poll_until(SCRAPED_DEADLINE, || {
+        std::fs::read_to_string(&stdout).unwrap_or_default().contains("agent node-3")
+    });
+    assert!(started, "fleetmend up did not start:\n{}", up.stderr());
+
+    let prometheus_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let config = prometheus_config_with(dir.path(), repairer_addr, &token);
+    let prometheus = start_prometheus(dir.path(), &config, prometheus_addr);
+
+    let expected = vec![
+        ("fleetmend-agents".to_owned(), "node-1".to_owned(), "healthy".to_owned(), "1".to_owned()),
+        ("fleetmend-agents".to_owned(), "node-2".to_owned(), "healthy".to_owned(), "1".to_owned()),
+        ("fleetmend-agents".to_owned(), "node-3".to_owned(), "healthy".to_owned(), "1".to_owned()),
+        ("fleetmend-repairer".to_owned(), String::new(), String::new(), "1".to_owned()),
+    ];
+    let mut seen = Vec::new();
+    let scraped = poll_until(SCRAPED_DEADLINE, || {
+        seen = up_series(prometheus_addr);
+        seen == expected
+    });
+    // The job's series, under the job_id label the shipped config gives them.
+    let stepping = scraped
+        && poll_until(SCRAPED_DEADLINE, || {
+            query_value(prometheus_addr, "max(fleetmend_job_step{job_id!=\"\"})")
+                .is_some_and(|step| step >= 1.0)
+        });
+    let agents =
+        query_value(prometheus_addr, "count(fleetmend_gpu_devices{job=\"fleetmend-agents\"})");
+    stop_up(&up);
+    assert!(
+        scraped,
+        "up series: {seen:?}\nprometheus:\n{}\nfleetmend up:\n{}",
+        prometheus.stderr(),
+        up.stderr()
+    );
+    assert!(stepping, "no fleetmend_job_step{{job_id}} in Prometheus:\n{}", prometheus.stderr());
+    assert!(agents.is_some_and(|n| n >= 3.0), "GPU series of every agent: {agents:?}");
+    let exited = poll_until(Duration::from_secs(30), || {
+        std::fs::read_to_string(&stdout)
+            .unwrap_or_default()
+            .contains("everything it started is stopped")
+    });
+    assert!(exited, "fleetmend up did not stop on SIGINT:\n{}", up.stderr());
 }
