@@ -324,3 +324,32 @@ pub fn metric_names(text: &str) -> BTreeSet<String> {
     }
     names
 }
+
+/// The weights hash `ranks` ranks of `argv` (a `fleetmend train` command) end with when nothing
+/// interrupts them: the scenario runner's reference run, in `dir`.
+pub fn uninterrupted_hash(dir: &Path, argv: Vec<String>, ranks: u32, timeout: Duration) -> String {
+    let spec = fleetmend_repairer::queue::JobSpec {
+        name: None,
+        argv,
+        nodes: ranks,
+        priority: 0,
+        checkpoint_dir: dir.join("checkpoints").display().to_string(),
+        max_restarts: 0,
+        checkpoint_every: None,
+        env: Default::default(),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime
+        .block_on(fleetmend_local::scenario::uninterrupted_hash("reference", &spec, dir, timeout))
+        .unwrap()
+}
+
+/// Whether this process runs as root.
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        == Some("0")
+}

@@ -16,7 +16,7 @@ use std::time::Duration;
 use fleetmend_repairer::provider::slurm::SlurmProvider;
 use fleetmend_repairer::slurm::{SlurmConfig, SlurmNode, SlurmScheduler, parse_show_node};
 
-use crate::{fleetmend_bin, run_with_timeout, workspace_root};
+use crate::{fleetmend_bin, is_root, run_with_timeout, workspace_root};
 
 /// A dev cluster in a temp dir; stopped (every daemon it started) when dropped, even on a failed
 /// assertion.
@@ -206,15 +206,6 @@ pub fn free_ports() -> (u16, u16) {
         }
     }
     panic!("no five consecutive free ports between 21000 and 30000");
-}
-
-pub fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find(|l| l.starts_with("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(2))
-        == Some("0")
 }
 
 pub fn slurm_installed() -> bool {

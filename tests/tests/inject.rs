@@ -13,7 +13,7 @@ use fleetmend_local::faults::{Fault, InjectError};
 use fleetmend_local::tree::{NodeTree, node_dir};
 use fleetmend_proto::{Finding, HealthView, RecommendedAction, Status, Verdict};
 use fleetmend_tests::{
-    fleetmend_bin, free_port, http_get, poll_until, run_with_timeout, start_agent,
+    fleetmend_bin, free_port, http_get, is_root, poll_until, run_with_timeout, start_agent,
 };
 
 /// A fresh tree for `node` in a state directory of its own.
@@ -278,16 +278,6 @@ impl Drop for Unmount<'_> {
     fn drop(&mut self) {
         let _ = self.0.cleanup();
     }
-}
-
-fn is_root() -> bool {
-    // The tests run as root in CI (the disk tests of the agent need it too).
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find(|l| l.starts_with("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(2))
-        == Some("0")
 }
 
 #[test]

@@ -11,11 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use fleetmend_local::scenario;
-use fleetmend_repairer::queue::JobSpec;
 use fleetmend_tests::{
     Running, fixture, fixture_flags, fleetmend_bin, free_port, poll_until, run_with_timeout,
-    start_agent,
+    start_agent, uninterrupted_hash,
 };
 use serde_json::Value;
 
@@ -49,29 +47,6 @@ fn done_hash(output: &str) -> Option<String> {
     let last: Value =
         output.lines().rev().find_map(|line| serde_json::from_str::<Value>(line).ok())?;
     (last["event"] == "done").then(|| last["weights_sha256"].as_str().unwrap_or("").to_owned())
-}
-
-/// 4 ranks of the same trainer command, never interrupted (the scenario runner's reference run).
-fn uninterrupted_hash(dir: &Path) -> String {
-    let spec = JobSpec {
-        name: None,
-        argv: train_argv(STEPS),
-        nodes: 4,
-        priority: 0,
-        checkpoint_dir: dir.join("straight-checkpoints").display().to_string(),
-        max_restarts: 0,
-        checkpoint_every: None,
-        env: Default::default(),
-    };
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    runtime
-        .block_on(scenario::uninterrupted_hash(
-            "straight",
-            &spec,
-            &dir.join("straight"),
-            PHASE_LIMIT,
-        ))
-        .unwrap()
 }
 
 fn cli(repairer: SocketAddr, args: &[&str]) -> (Option<i32>, String, String) {
@@ -221,7 +196,8 @@ fn nodes_of(job: &Value) -> Vec<String> {
 #[test]
 fn a_drained_node_under_a_running_job_costs_no_work_and_no_bits() {
     let dir = tempfile::tempdir().unwrap();
-    let straight = uninterrupted_hash(dir.path());
+    let straight =
+        uninterrupted_hash(&dir.path().join("straight"), train_argv(STEPS), 4, PHASE_LIMIT);
 
     let mut fleet = Fleet::start(dir.path());
     let addr = fleet.repairer_addr;

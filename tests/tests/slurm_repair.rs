@@ -21,12 +21,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use fleetmend_local::faults::Fault;
-use fleetmend_local::scenario::uninterrupted_hash;
 use fleetmend_local::tree::{NodeTree, node_dir};
-use fleetmend_repairer::queue::JobSpec;
 use fleetmend_tests::slurm::{DevCluster, can_run, train_events};
 use fleetmend_tests::{
     Running, fleetmend_bin, free_port, http_get, poll_until, start_agent, start_repairer,
+    uninterrupted_hash,
 };
 use serde_json::Value;
 
@@ -439,26 +438,14 @@ fn a_training_job_on_a_faulty_node_is_checkpointed_requeued_and_resumed_bit_exac
     const EVERY: u64 = 10;
     // The uninterrupted run's weights, for the same trainer flags.
     let reference = tempfile::tempdir().unwrap();
-    let spec = JobSpec {
-        name: None,
-        argv: [fleetmend_bin().display().to_string(), "train".to_owned()]
-            .into_iter()
-            .chain(
-                ["--steps", &STEPS.to_string(), "--checkpoint-every", &EVERY.to_string()]
-                    .map(str::to_owned),
-            )
-            .collect(),
-        nodes: 2,
-        priority: 0,
-        checkpoint_dir: String::new(),
-        max_restarts: 0,
-        checkpoint_every: None,
-        env: Default::default(),
-    };
-    let straight = tokio::runtime::Runtime::new()
-        .unwrap()
-        .block_on(uninterrupted_hash("reference", &spec, reference.path(), PHASE))
-        .unwrap();
+    let argv = [fleetmend_bin().display().to_string(), "train".to_owned()]
+        .into_iter()
+        .chain(
+            ["--steps", &STEPS.to_string(), "--checkpoint-every", &EVERY.to_string()]
+                .map(str::to_owned),
+        )
+        .collect();
+    let straight = uninterrupted_hash(reference.path(), argv, 2, PHASE);
 
     let world = World::start(|_| {});
     let checkpoints = world.cluster.path().join("checkpoints");

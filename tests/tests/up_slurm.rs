@@ -10,10 +10,8 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use fleetmend_local::scenario::uninterrupted_hash;
-use fleetmend_repairer::queue::JobSpec;
 use fleetmend_tests::slurm::can_run;
-use fleetmend_tests::{fleetmend_bin, poll_until, run_with_timeout};
+use fleetmend_tests::{fleetmend_bin, poll_until, run_with_timeout, uninterrupted_hash};
 
 const STEPS: u64 = 120;
 const LIMIT: Duration = Duration::from_secs(100);
@@ -36,20 +34,7 @@ fn up_on_slurm_drains_requeues_and_resumes_the_job_through_slurm_after_a_fault()
         "0".to_owned(),
     ]
     .into();
-    let spec = JobSpec {
-        name: None,
-        argv,
-        nodes: 3,
-        priority: 0,
-        checkpoint_dir: String::new(),
-        max_restarts: 0,
-        checkpoint_every: None,
-        env: Default::default(),
-    };
-    let straight = tokio::runtime::Runtime::new()
-        .unwrap()
-        .block_on(uninterrupted_hash("reference", &spec, reference.path(), LIMIT))
-        .unwrap();
+    let straight = uninterrupted_hash(reference.path(), argv, 3, LIMIT);
 
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");

@@ -66,17 +66,6 @@ impl Provider for AgentProvider {
         })
     }
 
-    fn replace<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<String, ProviderError>> {
-        Box::pin(async move {
-            // A node cannot provision its own successor.
-            Err(ProviderError::Unsupported {
-                provider: PROVIDER,
-                operation: "replace",
-                node: node.to_owned(),
-            })
-        })
-    }
-
     fn power_state<'a>(
         &'a self,
         _node: &'a str,

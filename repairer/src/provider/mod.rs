@@ -41,8 +41,17 @@ pub trait Provider: Send + Sync {
     fn name(&self) -> &'static str;
     /// Starts a reboot of `node`; returns once the provider accepted it (not when the node is back).
     fn reboot<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<(), ProviderError>>;
-    /// Replaces `node`; returns the new node's name (it joins by reporting).
-    fn replace<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<String, ProviderError>>;
+    /// Replaces `node`; returns the new node's name (it joins by reporting). By default a
+    /// backend cannot (a BMC restarts its own machine, an agent cannot provision its successor).
+    fn replace<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<String, ProviderError>> {
+        Box::pin(async move {
+            Err(ProviderError::Unsupported {
+                provider: self.name(),
+                operation: "replace",
+                node: node.to_owned(),
+            })
+        })
+    }
     /// The node's power state.
     fn power_state<'a>(&'a self, node: &'a str)
     -> BoxFuture<'a, Result<PowerState, ProviderError>>;

@@ -562,17 +562,6 @@ impl Provider for RedfishProvider {
         })
     }
 
-    fn replace<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<String, ProviderError>> {
-        Box::pin(async move {
-            // A BMC restarts its own machine; it cannot provision another one.
-            Err(ProviderError::Unsupported {
-                provider: PROVIDER,
-                operation: "replace",
-                node: node.to_owned(),
-            })
-        })
-    }
-
     fn power_state<'a>(
         &'a self,
         node: &'a str,

@@ -148,16 +148,6 @@ impl Provider for SlurmProvider {
         })
     }
 
-    fn replace<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<String, ProviderError>> {
-        Box::pin(async move {
-            Err(ProviderError::Unsupported {
-                provider: PROVIDER,
-                operation: "replace",
-                node: node.to_owned(),
-            })
-        })
-    }
-
     fn power_state<'a>(
         &'a self,
         node: &'a str,
