@@ -8,9 +8,10 @@ use clap::{Parser, Subcommand, ValueEnum};
 use fleetmend_agent::config::{AgentConfig, ConfigError, ConfigProblems};
 use fleetmend_agent::daemon;
 use fleetmend_agent::gpu::parse_backend;
-use fleetmend_proto::{Finding, Status, Verdict};
-use fleetmend_repairer::scheduler::{DRAIN_REASON_PREFIX, Scheduler};
-use fleetmend_repairer::slurm::{SlurmConfig, SlurmScheduler};
+use fleetmend_proto::{Finding, Verdict};
+use fleetmend_repairer::slurm::{
+    OwnDrain, SlurmConfig, SlurmScheduler, is_plain_name, own_drain_reason,
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -615,9 +616,6 @@ const SLURM_DRAIN_COMMAND_TIMEOUT: Duration = Duration::from_secs(3);
 const SLURM_DRAIN_RETRY_FOR: Duration = Duration::from_secs(5);
 const SLURM_DRAIN_DEADLINE: Duration = Duration::from_secs(8);
 
-/// Longest drain reason, in characters (`sinfo -R` shows it on one line).
-const DRAIN_REASON_MAX_CHARS: usize = 160;
-
 /// `--once --slurm-drain`'s exit code when the node is unhealthy but could not be drained: a
 /// Prolog that passes it on makes Slurm drain the node itself and requeue the job.
 const EXIT_DRAIN_FAILED: u8 = 3;
@@ -625,30 +623,25 @@ const EXIT_DRAIN_FAILED: u8 = 3;
 /// Drains `node` in Slurm because of the failing `findings`; a node already drained (by
 /// fleetmend or an admin) keeps its reason. One line on stderr says what was done.
 async fn slurm_drain_self(node: &str, findings: &[Finding]) -> ExitCode {
-    if !is_slurm_node_name(node) {
+    if !is_plain_name(node) {
         eprintln!(
             "fleetmend agent: --slurm-node/SLURMD_NODENAME {node:?} is not a Slurm node name; \
              the node is unhealthy and was not drained"
         );
         return ExitCode::from(EXIT_DRAIN_FAILED);
     }
-    let reason = drain_reason(findings);
+    let reason = own_drain_reason(findings);
     let slurm = SlurmScheduler::new(SlurmConfig {
         command_timeout: SLURM_DRAIN_COMMAND_TIMEOUT,
         controller_retry_for: SLURM_DRAIN_RETRY_FOR,
         controller_retry_max_backoff: Duration::from_secs(1),
         ..SlurmConfig::default()
     });
-    let drained = async {
-        let current = slurm.show_node(node).await?;
-        if current.is_drained() {
-            return Ok(Some(current.reason));
-        }
-        slurm.drain(node, &reason).await.map(|()| None)
-    };
-    match tokio::time::timeout(SLURM_DRAIN_DEADLINE, drained).await {
-        Ok(Ok(None)) => eprintln!("drained {node}: {reason}"),
-        Ok(Ok(Some(existing))) => {
+    let drained =
+        tokio::time::timeout(SLURM_DRAIN_DEADLINE, slurm.drain_unless_drained(node, &reason)).await;
+    match drained {
+        Ok(Ok(OwnDrain::Drained)) => eprintln!("drained {node}: {reason}"),
+        Ok(Ok(OwnDrain::AlreadyDrained(existing))) => {
             eprintln!("{node} already drained: {}", existing.as_deref().unwrap_or("(no reason)"))
         }
         Ok(Err(err)) => {
@@ -664,47 +657,6 @@ async fn slurm_drain_self(node: &str, findings: &[Finding]) -> ExitCode {
         }
     }
     ExitCode::from(daemon::exit_code(Verdict::Unhealthy) as u8)
-}
-
-/// A name Slurm's commands take as one node (not a list, not an option, no spaces).
-fn is_slurm_node_name(name: &str) -> bool {
-    !name.is_empty()
-        && !name.starts_with('-')
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-}
-
-/// `fleetmend: xid 79 on GPU 3; gpu_access on GPU 3; ...`: the failing findings, short, each
-/// once, cut to [`DRAIN_REASON_MAX_CHARS`].
-fn drain_reason(findings: &[Finding]) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    for finding in findings.iter().filter(|f| f.status == Status::Fail) {
-        let mut part = match finding.labels.get("xid") {
-            Some(code) if finding.finding == "xid" => format!("xid {code}"),
-            _ => finding.finding.clone(),
-        };
-        let subject = finding.subject.as_str();
-        if finding.check == "gpu"
-            && !subject.is_empty()
-            && subject.bytes().all(|b| b.is_ascii_digit())
-        {
-            part.push_str(&format!(" on GPU {subject}"));
-        } else if !subject.is_empty() {
-            part.push_str(&format!(" on {subject}"));
-        }
-        if !parts.contains(&part) {
-            parts.push(part);
-        }
-    }
-    let summary = if parts.is_empty() { "unhealthy".to_owned() } else { parts.join("; ") };
-    // One line of plain text: Slurm stores it as given.
-    let summary: String = summary.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
-    let reason = format!("{DRAIN_REASON_PREFIX}{summary}");
-    if reason.chars().count() <= DRAIN_REASON_MAX_CHARS {
-        return reason;
-    }
-    let mut cut: String = reason.chars().take(DRAIN_REASON_MAX_CHARS - 3).collect();
-    cut.push_str("...");
-    cut
 }
 
 /// The config file (or defaults) with the flags applied, validated.
@@ -757,55 +709,5 @@ fn init_logging(format: LogFormat) {
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn failing(check: &str, finding: &str, subject: &str) -> Finding {
-        let mut f = Finding::ok(check, finding, subject);
-        f.status = Status::Fail;
-        f
-    }
-
-    #[test]
-    fn drain_reason_names_each_failing_finding_once() {
-        let mut xid = failing("gpu", "xid", "3");
-        xid.labels.insert("xid".to_owned(), "79".to_owned());
-        let findings = [
-            xid.clone(),
-            xid,
-            failing("gpu", "gpu_access", "3"),
-            Finding::ok("nic", "nic_down", "eth0"),
-            failing("host", "process_missing", "slurmd"),
-            failing("host", "memory_low", ""),
-        ];
-        assert_eq!(
-            drain_reason(&findings),
-            "fleetmend: xid 79 on GPU 3; gpu_access on GPU 3; process_missing on slurmd; memory_low"
-        );
-    }
-
-    #[test]
-    fn drain_reason_is_one_short_line() {
-        let findings: Vec<Finding> =
-            (0..40).map(|i| failing("disk", "disk_full", &format!("/mnt/d{i}\nx"))).collect();
-        let reason = drain_reason(&findings);
-        assert_eq!(reason.chars().count(), DRAIN_REASON_MAX_CHARS, "{reason}");
-        assert!(reason.starts_with("fleetmend: disk_full on /mnt/d0 x; "), "{reason}");
-        assert!(reason.ends_with("..."), "{reason}");
-        assert!(!reason.contains('\n'));
-        assert_eq!(drain_reason(&[]), "fleetmend: unhealthy");
-    }
-
-    #[test]
-    fn slurm_node_names_are_single_plain_names() {
-        assert!(is_slurm_node_name("node2"));
-        assert!(is_slurm_node_name("gpu-a17.rack3"));
-        for bad in ["", "-n", "node[1-4]", "node1,node2", "a b"] {
-            assert!(!is_slurm_node_name(bad), "{bad:?}");
-        }
     }
 }

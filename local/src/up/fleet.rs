@@ -921,8 +921,9 @@ impl Fleet {
     }
 
     /// Stops everything it started: the job is cancelled (its ranks get SIGTERM through their
-    /// agents and write a checkpoint), the agents stopped (they stop any rank left), ranks of
-    /// killed agents killed, the trees unmounted, and the repairer stopped.
+    /// agents, or from Slurm, and write a checkpoint), the repairer stopped, the agents stopped
+    /// (they stop any rank left), ranks of killed agents killed, the trees unmounted, and a dev
+    /// Slurm cluster it started stopped.
     pub async fn shutdown(mut self) {
         self.supervisor.begin_stop();
         if let Some(slurm) = &mut self.slurm {
@@ -955,8 +956,8 @@ impl Fleet {
             }
         }
         self.watcher.abort();
-        self.supervisor.stop_all(&self.state_dir.join("nodes")).await;
-        self.write_fleet_file(false);
+        // The repairer first: agents going quiet one after the other would read to it as nodes
+        // turning unreachable (and a storm that opens the breaker) while the fleet shuts down.
         if let Some(stop) = self.stop_repairer.take() {
             let _ = stop.send(());
         }
@@ -967,6 +968,8 @@ impl Fleet {
                 Err(_) => tracing::warn!("the repairer did not stop within 5 s"),
             }
         }
+        self.supervisor.stop_all(&self.state_dir.join("nodes")).await;
+        self.write_fleet_file(false);
         if let Some(slurm) = self.slurm.take() {
             let cluster = slurm.cluster;
             tokio::task::spawn_blocking(move || cluster.stop()).await.ok();
