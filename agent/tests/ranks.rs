@@ -419,6 +419,10 @@ async fn orphan(jobs_dir: &Path, key: &RankKey, script: &str) -> std::process::C
         .env(RANK_DIR_VAR, &dir)
         .current_dir(&dir)
         .process_group(0)
+        // Not the test's pipes: a `sleep` left in the group must not hold them open.
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
     assert!(eventually(|| dir.join("ready").exists()).await, "the orphan never got ready");
@@ -463,6 +467,8 @@ async fn ranks_left_by_an_agent_that_was_killed_are_stopped_and_reported_at_star
     assert_eq!(stubborn_child.wait().unwrap().signal(), Some(9));
     assert_eq!(other_child.try_wait().unwrap(), None, "another directory's rank was stopped");
     assert!(report.ranks.iter().all(|s| s.key.rank != 5), "{report:#?}");
-    other_child.kill().unwrap();
+    // The whole group: its shell and the `sleep` it waits on.
+    let group = nix::unistd::Pid::from_raw(-i32::try_from(other_child.id()).unwrap());
+    nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL).unwrap();
     other_child.wait().unwrap();
 }
