@@ -308,7 +308,7 @@ stop() {
   # A slurmd that a fake reboot started just before it was stopped may not have written its pid
   # file yet: any slurmd left that runs on this DIR's config.
   for pid in $(pgrep -x slurmd || true); do
-    if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "-f $dir/slurm.conf "; then
+    if tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -qF -- "-f $dir/slurm.conf "; then
       stop_pid "$pid" slurmd
     fi
   done
