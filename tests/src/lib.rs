@@ -353,3 +353,84 @@ pub fn is_root() -> bool {
         .and_then(|l| l.split_whitespace().nth(2))
         == Some("0")
 }
+
+/// `fleetmend up` as a child process, stdout (not a terminal) and stderr in files under a
+/// directory. Dropped while it runs: SIGINT, so it stops what it started, then SIGKILL after
+/// [`Up::STOP_LIMIT`].
+#[derive(Debug)]
+pub struct Up {
+    pub child: Child,
+    pub stdout: PathBuf,
+    pub stderr: PathBuf,
+}
+
+impl Up {
+    /// How long `up` may take to stop everything after SIGINT.
+    pub const STOP_LIMIT: Duration = Duration::from_secs(30);
+
+    /// `fleetmend up --state-dir STATE ARGS`, its output in `dir/up.stdout` and `dir/up.stderr`.
+    pub fn start(dir: &Path, state: &Path, args: &[&str]) -> Up {
+        let stdout = dir.join("up.stdout");
+        let stderr = dir.join("up.stderr");
+        let child = Command::new(fleetmend_bin())
+            .arg("up")
+            .arg("--state-dir")
+            .arg(state)
+            .args(args)
+            .env("FLEETMEND_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&stdout).expect("create up.stdout"))
+            .stderr(std::fs::File::create(&stderr).expect("create up.stderr"))
+            .spawn()
+            .expect("spawn fleetmend up");
+        Up { child, stdout, stderr }
+    }
+
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.stdout).unwrap_or_default()
+    }
+
+    /// Stdout and the last lines of stderr, for a failure message.
+    pub fn output(&self) -> String {
+        let stderr = std::fs::read_to_string(&self.stderr).unwrap_or_default();
+        let tail: Vec<&str> = stderr.lines().rev().take(40).collect();
+        format!(
+            "fleetmend up stdout:\n{}\nstderr (last lines):\n{}",
+            self.stdout(),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        )
+    }
+
+    /// Sends signal `name` (`INT`, `TERM`...).
+    pub fn signal(&self, name: &str) {
+        let _ =
+            Command::new("kill").arg(format!("-{name}")).arg(self.child.id().to_string()).status();
+    }
+
+    /// Whether it still runs.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Its exit status, waiting at most `limit`.
+    pub fn wait(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let mut status = None;
+        poll_until(limit, || {
+            status = self.child.try_wait().ok().flatten();
+            status.is_some()
+        });
+        status
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if self.running() {
+            self.signal("INT");
+            if self.wait(Up::STOP_LIMIT).is_none() {
+                let _ = self.child.kill();
+            }
+        }
+        let _ = self.child.wait();
+    }
+}

@@ -9,12 +9,10 @@
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use fleetmend_tests::{
-    fleetmend_bin, http_get, metric_names, poll_until, run_with_timeout, workspace_root,
-};
+use fleetmend_tests::{Up, http_get, metric_names, poll_until, run_with_timeout, workspace_root};
 use serde_json::Value;
 
 /// `npm ci` may download the pinned packages; tsc itself takes seconds.
@@ -24,8 +22,6 @@ const LIVE_LIMIT: Duration = Duration::from_secs(240);
 /// Once the fleet exports job and repair metrics, how long to keep scraping for the rest before
 /// calling what is still missing unknown.
 const SETTLE: Duration = Duration::from_secs(30);
-/// From SIGINT to `fleetmend up`'s exit (it stops its agents and the job first).
-const STOP_LIMIT: Duration = Duration::from_secs(30);
 
 const DATASOURCE_UID: &str = "${datasource}";
 
@@ -304,38 +300,6 @@ fn the_metric_check_flags_an_unknown_name() {
     );
 }
 
-/// `fleetmend up` as a child process; SIGINT (then SIGKILL) when dropped, so it stops its agents
-/// and the job.
-struct Up {
-    child: Child,
-    stdout: PathBuf,
-    stderr: PathBuf,
-}
-
-impl Up {
-    fn output(&self) -> String {
-        let stderr = std::fs::read_to_string(&self.stderr).unwrap_or_default();
-        let tail: Vec<&str> = stderr.lines().rev().take(30).collect();
-        format!(
-            "fleetmend up stdout:\n{}\nstderr (last lines):\n{}",
-            std::fs::read_to_string(&self.stdout).unwrap_or_default(),
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-        )
-    }
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = Command::new("kill").arg("-INT").arg(self.child.id().to_string()).status();
-            if !poll_until(STOP_LIMIT, || !matches!(self.child.try_wait(), Ok(None))) {
-                let _ = self.child.kill();
-            }
-        }
-        let _ = self.child.wait();
-    }
-}
-
 /// The address in `http://ADDR[/path]`.
 fn address(url: &str) -> SocketAddr {
     let rest = url.trim().strip_prefix("http://").unwrap_or_else(|| panic!("not a URL: {url}"));
@@ -366,27 +330,14 @@ fn every_metric_in_the_dashboards_and_rules_is_exported_by_a_live_fleet() {
     let dir = tempfile::tempdir().unwrap();
     let scenario = dir.path().join("scenario.toml");
     std::fs::write(&scenario, SCENARIO).unwrap();
-    let stdout = dir.path().join("up.stdout");
-    let stderr = dir.path().join("up.stderr");
-    let child = Command::new(fleetmend_bin())
-        .arg("up")
-        .arg("--state-dir")
-        .arg(dir.path().join("state"))
-        .arg("--scenario")
-        .arg(&scenario)
-        .env("FLEETMEND_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&stdout).unwrap())
-        .stderr(std::fs::File::create(&stderr).unwrap())
-        .spawn()
-        .unwrap();
-    let mut up = Up { child, stdout, stderr };
+    let scenario_arg = scenario.display().to_string();
+    let mut up = Up::start(dir.path(), &dir.path().join("state"), &["--scenario", &scenario_arg]);
 
     let deadline = Instant::now() + LIVE_LIMIT;
     let mut addresses = None;
     let started = poll_until(LIVE_LIMIT, || {
-        assert!(matches!(up.child.try_wait(), Ok(None)), "fleetmend up exited\n{}", up.output());
-        addresses = banner_addresses(&std::fs::read_to_string(&up.stdout).unwrap_or_default());
+        assert!(up.running(), "fleetmend up exited\n{}", up.output());
+        addresses = banner_addresses(&up.stdout());
         addresses.is_some()
     });
     assert!(started, "fleetmend up printed no banner within {LIVE_LIMIT:?}\n{}", up.output());
@@ -400,7 +351,7 @@ fn every_metric_in_the_dashboards_and_rules_is_exported_by_a_live_fleet() {
     let mut scraped = BTreeSet::new();
     let mut ready_at: Option<Instant> = None;
     while Instant::now() < deadline {
-        assert!(matches!(up.child.try_wait(), Ok(None)), "fleetmend up exited\n{}", up.output());
+        assert!(up.running(), "fleetmend up exited\n{}", up.output());
         for addr in std::iter::once(&repairer).chain(&agents) {
             if let Some((200, body)) = http_get(*addr, "/metrics") {
                 live.extend(families(&body));

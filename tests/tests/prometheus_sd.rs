@@ -9,7 +9,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use fleetmend_tests::{
-    Running, fixture, fixture_flags, free_port, http_get, poll_until, start_agent, workspace_root,
+    Running, Up, fixture, fixture_flags, free_port, http_get, poll_until, start_agent,
+    workspace_root,
 };
 use serde_json::Value;
 
@@ -207,29 +208,15 @@ fn prometheus_scrapes_a_fleetmend_up_fleet_and_its_job_through_service_discovery
     let state = dir.path().join("up");
     let repairer_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
     // A job long enough to outlast the test; two workers and a spare.
-    let stdout = dir.path().join("up.stdout");
-    let stderr_path = dir.path().join("up.stderr");
-    let child = Command::new(fleetmend_tests::fleetmend_bin())
-        .args(["up", "--nodes", "2", "--spares", "1", "--steps", "1000000"])
-        .arg("--listen")
-        .arg(repairer_addr.to_string())
-        .arg("--state-dir")
-        .arg(&state)
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&stdout).unwrap())
-        .stderr(std::fs::File::create(&stderr_path).unwrap())
-        .spawn()
-        .unwrap();
-    // Dropped (killed) at the end; SIGKILL leaves agents behind, so stop it with SIGINT first.
-    let up = Running { child, stderr_path };
-    let stop_up = |up: &Running| {
-        let _ = Command::new("kill").arg("-INT").arg(up.child.id().to_string()).status();
-    };
+    let listen = repairer_addr.to_string();
+    let up = Up::start(
+        dir.path(),
+        &state,
+        &["--nodes", "2", "--spares", "1", "--steps", "1000000", "--listen", &listen],
+    );
     let token = state.join("admin.token");
-    let started = poll_until(SCRAPED_DEADLINE, || {
-        std::fs::read_to_string(&stdout).unwrap_or_default().contains("agent node-3")
-    });
-    assert!(started, "fleetmend up did not start:\n{}", up.stderr());
+    let started = poll_until(SCRAPED_DEADLINE, || up.stdout().contains("agent node-3"));
+    assert!(started, "fleetmend up did not start:\n{}", up.output());
 
     let prometheus_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let config = prometheus_config_with(dir.path(), repairer_addr, &token);
@@ -254,19 +241,11 @@ fn prometheus_scrapes_a_fleetmend_up_fleet_and_its_job_through_service_discovery
         });
     let agents =
         query_value(prometheus_addr, "count(fleetmend_gpu_devices{job=\"fleetmend-agents\"})");
-    stop_up(&up);
-    assert!(
-        scraped,
-        "up series: {seen:?}\nprometheus:\n{}\nfleetmend up:\n{}",
-        prometheus.stderr(),
-        up.stderr()
-    );
+    up.signal("INT");
+    assert!(scraped, "up series: {seen:?}\nprometheus:\n{}\n{}", prometheus.stderr(), up.output());
     assert!(stepping, "no fleetmend_job_step{{job_id}} in Prometheus:\n{}", prometheus.stderr());
     assert!(agents.is_some_and(|n| n >= 3.0), "GPU series of every agent: {agents:?}");
-    let exited = poll_until(Duration::from_secs(30), || {
-        std::fs::read_to_string(&stdout)
-            .unwrap_or_default()
-            .contains("everything it started is stopped")
-    });
-    assert!(exited, "fleetmend up did not stop on SIGINT:\n{}", up.stderr());
+    let exited =
+        poll_until(Up::STOP_LIMIT, || up.stdout().contains("everything it started is stopped"));
+    assert!(exited, "fleetmend up did not stop on SIGINT:\n{}", up.output());
 }

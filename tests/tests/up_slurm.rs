@@ -7,11 +7,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use fleetmend_tests::slurm::can_run;
-use fleetmend_tests::{fleetmend_bin, poll_until, run_with_timeout, uninterrupted_hash};
+use fleetmend_tests::{Up, fleetmend_bin, poll_until, run_with_timeout, uninterrupted_hash};
 
 const STEPS: u64 = 120;
 const LIMIT: Duration = Duration::from_secs(100);
@@ -38,48 +38,24 @@ fn up_on_slurm_drains_requeues_and_resumes_the_job_through_slurm_after_a_fault()
 
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let stdout = dir.path().join("up.stdout");
-    let stderr = dir.path().join("up.stderr");
-    let mut up = Command::new(fleetmend_bin())
-        .args(["up", "--scheduler", "slurm", "--checkpoint-every", "10"])
-        .arg("--steps")
-        .arg(STEPS.to_string())
-        .arg("--state-dir")
-        .arg(&state)
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&stdout).unwrap())
-        .stderr(std::fs::File::create(&stderr).unwrap())
-        .spawn()
-        .unwrap();
-    let out = || std::fs::read_to_string(&stdout).unwrap_or_default();
-    let diagnostics = || {
-        let err = std::fs::read_to_string(&stderr).unwrap_or_default();
-        let tail: Vec<&str> = err.lines().rev().take(30).collect();
-        format!(
-            "stdout:\n{}\nstderr (tail):\n{}",
-            out(),
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-        )
-    };
-    let stop = |up: &mut std::process::Child| {
-        let _ = interrupt(up.id());
-        let _ = up.wait();
-    };
+    let steps = STEPS.to_string();
+    let mut up = Up::start(
+        dir.path(),
+        &state,
+        &["--scheduler", "slurm", "--checkpoint-every", "10", "--steps", &steps],
+    );
 
     // The job trains on Slurm's nodes, node-2 among them.
     let training = poll_until(LIMIT, || {
-        out()
+        up.stdout()
             .lines()
             .any(|l| l.contains("Slurm job") && l.contains("RUNNING") && l.contains("step "))
     });
-    if !training {
-        stop(&mut up);
-        panic!("the Slurm job did not train:\n{}", diagnostics());
-    }
+    assert!(training, "the Slurm job did not train:\n{}", up.output());
     assert!(
-        out().contains("Slurm nodes: node-1=node1 node-2=node2 node-3=node3 node-4=node4"),
+        up.stdout().contains("Slurm nodes: node-1=node1 node-2=node2 node-3=node3 node-4=node4"),
         "{}",
-        diagnostics()
+        up.output()
     );
     let injected = run_with_timeout(
         Command::new(fleetmend_bin())
@@ -91,14 +67,10 @@ fn up_on_slurm_drains_requeues_and_resumes_the_job_through_slurm_after_a_fault()
     );
     assert!(injected.status.success(), "{}", String::from_utf8_lossy(&injected.stderr));
 
-    let exited = poll_until(LIMIT * 2, || matches!(up.try_wait(), Ok(Some(_))));
-    if !exited {
-        stop(&mut up);
-        panic!("fleetmend up did not finish:\n{}", diagnostics());
-    }
-    let status = up.wait().unwrap();
-    let text = out();
-    assert!(status.success(), "fleetmend up: {status}\n{}", diagnostics());
+    let status = up.wait(LIMIT * 2);
+    let status = status.unwrap_or_else(|| panic!("fleetmend up did not finish:\n{}", up.output()));
+    let text = up.stdout();
+    assert!(status.success(), "fleetmend up: {status}\n{}", up.output());
     // Drained, requeued through Slurm, resumed once node-2 was repaired.
     for expected in [
         "node-2 state-changed healthy -> draining",
@@ -107,10 +79,10 @@ fn up_on_slurm_drains_requeues_and_resumes_the_job_through_slurm_after_a_fault()
         "node-2 repair-finished: reboot repaired and validated",
         "COMPLETED",
     ] {
-        assert!(text.contains(expected), "no {expected:?} in:\n{}", diagnostics());
+        assert!(text.contains(expected), "no {expected:?} in:\n{}", up.output());
     }
     let done = text.lines().find(|l| l.contains("completed: step")).unwrap_or_default();
-    assert!(done.ends_with(&format!("weights sha256 {straight}")), "{done}\n{}", diagnostics());
+    assert!(done.ends_with(&format!("weights sha256 {straight}")), "{done}\n{}", up.output());
     // The dev cluster went with it.
     let pid_file = state.join("slurm/run/slurmctld.pid");
     let pid = std::fs::read_to_string(&pid_file).unwrap_or_default();
@@ -119,9 +91,4 @@ fn up_on_slurm_drains_requeues_and_resumes_the_job_through_slurm_after_a_fault()
         "slurmctld ({}) still runs after up exited",
         pid.trim()
     );
-}
-
-/// SIGINT to `pid`, as Ctrl-C would (`up` then stops everything it started).
-fn interrupt(pid: u32) -> std::io::Result<std::process::ExitStatus> {
-    Command::new("kill").arg("-INT").arg(pid.to_string()).status()
 }

@@ -7,88 +7,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use fleetmend_local::provider::{LocalProvider, PowerState, Provider};
 use fleetmend_local::up::supervisor::{AgentState, Role, ranks_under};
 use fleetmend_local::up::{Fleet, FleetConfig};
-use fleetmend_tests::{fleetmend_bin, poll_until};
+use fleetmend_tests::{Up, fleetmend_bin, poll_until};
 
 /// Longest a small fleet may take to start, train and stop on two loaded cores (debug build).
 const RUN_LIMIT: Duration = Duration::from_secs(240);
 /// "Promptly": from SIGINT to the exit, every agent and rank stopped.
-const STOP_LIMIT: Duration = Duration::from_secs(30);
-
-/// `fleetmend up` with stdout and stderr in files under `dir` (stdout is not a terminal).
-struct Up {
-    child: Child,
-    stdout: PathBuf,
-    stderr: PathBuf,
-}
-
-impl Up {
-    fn start(dir: &Path, state: &Path, args: &[&str]) -> Up {
-        let stdout = dir.join("up.stdout");
-        let stderr = dir.join("up.stderr");
-        let child = Command::new(fleetmend_bin())
-            .arg("up")
-            .arg("--state-dir")
-            .arg(state)
-            .args(args)
-            .env("FLEETMEND_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&stdout).unwrap())
-            .stderr(std::fs::File::create(&stderr).unwrap())
-            .spawn()
-            .unwrap();
-        Up { child, stdout, stderr }
-    }
-
-    fn stdout(&self) -> String {
-        std::fs::read_to_string(&self.stdout).unwrap_or_default()
-    }
-
-    fn output(&self) -> String {
-        let stderr = std::fs::read_to_string(&self.stderr).unwrap_or_default();
-        let tail: Vec<&str> = stderr.lines().rev().take(40).collect();
-        format!(
-            "stdout:\n{}\nstderr (last lines):\n{}",
-            self.stdout(),
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-        )
-    }
-
-    fn signal(&self, name: &str) {
-        let _ =
-            Command::new("kill").arg(format!("-{name}")).arg(self.child.id().to_string()).status();
-    }
-
-    /// Waits for the exit; on a timeout, SIGINT (so it still stops what it started), then SIGKILL.
-    fn wait(&mut self, limit: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        None
-    }
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            self.signal("INT");
-            if self.wait(STOP_LIMIT).is_none() {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-            }
-        }
-    }
-}
+const STOP_LIMIT: Duration = Up::STOP_LIMIT;
 
 /// Whether `pid` is a live process (not gone, not a zombie).
 fn alive(pid: u32) -> bool {
