@@ -85,6 +85,8 @@ struct FakeState {
     /// job → nodes
     jobs: BTreeMap<String, Vec<String>>,
     requeued: BTreeSet<String>,
+    /// job → the nodes it moves to when asked to checkpoint
+    moves: BTreeMap<String, Vec<String>>,
     failing: BTreeSet<&'static str>,
 }
 
@@ -111,6 +113,12 @@ impl FakeScheduler {
     /// Puts a job with ranks on `nodes`.
     pub fn add_job(&self, job: &str, nodes: &[&str]) {
         self.state().jobs.insert(job.to_owned(), nodes.iter().map(|n| (*n).to_owned()).collect());
+    }
+
+    /// When `job` is asked to checkpoint it moves to `nodes`, as a scheduler that stops and
+    /// restarts a job on its own (the embedded queue on a drain) may do before the requeue.
+    pub fn move_on_checkpoint(&self, job: &str, nodes: &[&str]) {
+        self.state().moves.insert(job.to_owned(), nodes.iter().map(|n| (*n).to_owned()).collect());
     }
 
     /// Drains `node` as someone else would (an admin), with `reason`.
@@ -209,6 +217,9 @@ impl Scheduler for FakeScheduler {
             self.check(&state, "checkpoint")?;
             if !state.jobs.contains_key(job) {
                 return Err(SchedulerError::UnknownJob { scheduler: "fake", job: job.to_owned() });
+            }
+            if let Some(nodes) = state.moves.remove(job) {
+                state.jobs.insert(job.to_owned(), nodes);
             }
             Ok(())
         })

@@ -367,7 +367,24 @@ async fn step(engine: &Arc<Engine>, wf: &mut Workflow) -> Next {
             if now < ready {
                 return Next::Wait(Duration::from_millis(ready - now));
             }
+            // Only the jobs still on the node: one that has left it meanwhile (its scheduler
+            // stopped and restarted it elsewhere, or it ended) must not be stopped again where it
+            // runs now.
+            let still_on: Vec<String> = match call(engine, engine.scheduler.jobs_on(&wf.node)).await
+            {
+                Ok(jobs) => jobs.into_iter().map(|j| j.id).collect(),
+                Err(err) => return Next::Retry(err),
+            };
             for job in wf.jobs.clone() {
+                if !still_on.contains(&job) {
+                    tracing::info!(
+                        workflow = wf.id,
+                        job,
+                        node = wf.node,
+                        "job left the node before its requeue: left as it is"
+                    );
+                    continue;
+                }
                 if let Err(err) = call(engine, engine.scheduler.requeue(&job)).await {
                     return Next::Retry(err);
                 }

@@ -66,13 +66,14 @@ async fn xid_79_is_drained_checkpointed_rebooted_validated_and_put_back() {
 
     // The scheduler: drained by fleetmend, the job asked to checkpoint and requeued, put back.
     let calls = h.scheduler.calls();
-    assert_eq!(calls.len(), 5, "{calls:?}");
+    assert_eq!(calls.len(), 6, "{calls:?}");
     fleetmend_drain_of(&calls[0], "n1");
     assert_eq!(
         calls[1..],
         [
             SchedulerCall::JobsOn { node: "n1".into() },
             SchedulerCall::Checkpoint { job: "job-1".into() },
+            SchedulerCall::JobsOn { node: "n1".into() },
             SchedulerCall::Requeue { job: "job-1".into() },
             SchedulerCall::Undrain { node: "n1".into() },
         ]
@@ -678,6 +679,30 @@ async fn a_finding_that_clears_before_its_debounce_drains_nothing() {
     drop(agents);
 }
 
+/// A job its own scheduler moves off the draining node (the embedded queue stops and restarts a
+/// job on a drain) is not requeued by the workflow: that would stop it again where it runs now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_left_the_node_before_the_requeue_is_left_running() {
+    let h = Harness::start(|_| {}).await;
+    h.scheduler.add_job("job-1", &["n1", "n2"]);
+    h.scheduler.move_on_checkpoint("job-1", &["n2", "n3"]);
+    let fleet = names("n", 5);
+    let agents = h.fleet(&fleet).await;
+    agents[0].set_findings(vec![nic_down("eth0")]);
+    h.wait_state("n1", NodeState::Drained).await;
+    let calls = h.scheduler.calls();
+    fleetmend_drain_of(&calls[0], "n1");
+    assert_eq!(
+        calls[1..],
+        [
+            SchedulerCall::JobsOn { node: "n1".into() },
+            SchedulerCall::Checkpoint { job: "job-1".into() },
+            SchedulerCall::JobsOn { node: "n1".into() },
+        ]
+    );
+    drop(agents);
+}
+
 /// A `drain` rule (the agent's recommendation for a NIC without carrier, two observations):
 /// drained with its jobs requeued, put back once the finding clears.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -690,18 +715,19 @@ async fn a_drain_rule_keeps_the_node_out_until_its_finding_clears() {
     n1.set_findings(vec![nic_down("eth0")]);
     h.wait_state("n1", NodeState::Drained).await;
     let calls = h.scheduler.calls();
-    assert_eq!(calls.len(), 4, "{calls:?}");
+    assert_eq!(calls.len(), 5, "{calls:?}");
     fleetmend_drain_of(&calls[0], "n1");
     assert_eq!(
         calls[1..],
         [
             SchedulerCall::JobsOn { node: "n1".into() },
             SchedulerCall::Checkpoint { job: "job-1".into() },
+            SchedulerCall::JobsOn { node: "n1".into() },
             SchedulerCall::Requeue { job: "job-1".into() },
         ]
     );
     h.wait_more_reports(25.0).await;
-    assert_eq!(h.scheduler.calls().len(), 4, "drained, nothing more while the NIC is down");
+    assert_eq!(h.scheduler.calls().len(), 5, "drained, nothing more while the NIC is down");
 
     n1.set_findings(Vec::new());
     h.wait_event(Some("n1"), &Expect::transition("n1", NodeState::Drained, Healthy)).await;
