@@ -1,6 +1,6 @@
 //! `fleetmend`: one binary, many verbs. This file is wiring; the logic lives in the crates.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -305,19 +305,27 @@ fn multi_thread_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
     )
 }
 
+/// `--check-config FILE`: "FILE: valid" and 0, or every problem and [`EXIT_CANNOT_RUN`].
+fn check_config<T, E: std::fmt::Display>(
+    path: &Path,
+    load: impl FnOnce(&Path) -> Result<T, E>,
+) -> ExitCode {
+    match load(path) {
+        Ok(_) => {
+            println!("{}: valid", path.display());
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("{err}");
+            ExitCode::from(EXIT_CANNOT_RUN)
+        }
+    }
+}
+
 fn repairer(args: RepairerArgs) -> ExitCode {
     use fleetmend_repairer::config::RepairerConfig;
     if let Some(path) = &args.check_config {
-        return match RepairerConfig::load(path) {
-            Ok(_) => {
-                println!("{}: valid", path.display());
-                ExitCode::SUCCESS
-            }
-            Err(err) => {
-                eprintln!("{err}");
-                ExitCode::from(EXIT_CANNOT_RUN)
-            }
-        };
+        return check_config(path, RepairerConfig::load);
     }
     let (text, source) = match &args.config {
         Some(path) => match std::fs::read_to_string(path) {
@@ -528,16 +536,7 @@ fn client(verb: Verb) -> ExitCode {
 
 fn agent(args: AgentArgs) -> ExitCode {
     if let Some(path) = &args.check_config {
-        return match AgentConfig::load(path) {
-            Ok(_) => {
-                println!("{}: valid", path.display());
-                ExitCode::SUCCESS
-            }
-            Err(err) => {
-                eprintln!("{err}");
-                ExitCode::from(EXIT_CANNOT_RUN)
-            }
-        };
+        return check_config(path, AgentConfig::load);
     }
     let config = match agent_config(&args) {
         Ok(config) => config,

@@ -286,6 +286,21 @@ pub fn start_repairer(
     }
 }
 
+/// A repairer of its own in `dir`: `dir/repairer.toml` holds a free loopback `listen`, a store in
+/// `dir` and `settings` (TOML: top-level keys first, then tables); stderr goes to
+/// `dir/repairer.stderr`. Returns its address and the process, up and answering.
+pub fn repairer_in(dir: &Path, settings: &str) -> (SocketAddr, Running) {
+    let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let config = dir.join("repairer.toml");
+    let store = serde_json::to_string(&dir.join("repairer.db").display().to_string())
+        .expect("a path serialises");
+    std::fs::write(&config, format!("listen = \"{listen}\"\nstore = {store}\n{settings}"))
+        .expect("write the repairer's config");
+    let running =
+        start_repairer(&config, listen, &dir.join("repairer.stderr"), Duration::from_secs(20));
+    (listen, running)
+}
+
 /// [`poll_until`] for async tests: polls `condition` every 20 ms without blocking the runtime,
 /// until it holds or `limit` passes.
 pub async fn poll_until_async(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {

@@ -66,24 +66,10 @@ fn from_alertmanager(findings: &[(String, String)]) -> Vec<String> {
 fn a_gpu_fault_alert_reaches_the_repairer_as_a_finding_and_clears() {
     let dir = tempfile::tempdir().unwrap();
     let root = workspace_root();
-    let repairer_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let repairer_config = dir.path().join("repairer.toml");
     // Dry run: the repairer records its decisions but leaves the node alone, so the node (and
     // its target) stay put while the alert comes and goes.
-    std::fs::write(
-        &repairer_config,
-        format!(
-            "listen = \"{repairer_addr}\"\nstore = \"{}\"\n[policy]\nmode = \"dry-run\"\n",
-            dir.path().join("repairer.db").display()
-        ),
-    )
-    .unwrap();
-    let repairer = fleetmend_tests::start_repairer(
-        &repairer_config,
-        repairer_addr,
-        &dir.path().join("repairer.stderr"),
-        Duration::from_secs(20),
-    );
+    let (repairer_addr, repairer) =
+        fleetmend_tests::repairer_in(dir.path(), "[policy]\nmode = \"dry-run\"\n");
 
     // One agent on the healthy fixture, its GPU file a copy this test swaps; GPU checked often.
     let case = fixture("healthy");

@@ -98,22 +98,8 @@ fn up_series(prometheus: SocketAddr) -> Vec<(String, String, String, String)> {
 #[test]
 fn prometheus_scrapes_every_agent_and_the_repairer_through_service_discovery() {
     let dir = tempfile::tempdir().unwrap();
-    let repairer_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let repairer_config = dir.path().join("repairer.toml");
-    std::fs::write(
-        &repairer_config,
-        format!(
-            "listen = \"{repairer_addr}\"\nstore = \"{}\"\nadmin_token = \"{ADMIN_TOKEN}\"\n",
-            dir.path().join("repairer.db").display()
-        ),
-    )
-    .unwrap();
-    let repairer = fleetmend_tests::start_repairer(
-        &repairer_config,
-        repairer_addr,
-        &dir.path().join("repairer.stderr"),
-        Duration::from_secs(20),
-    );
+    let (repairer_addr, repairer) =
+        fleetmend_tests::repairer_in(dir.path(), &format!("admin_token = \"{ADMIN_TOKEN}\"\n"));
 
     // Two agents on the healthy fixture; they advertise loopback, where they listen.
     let case = fixture("healthy");

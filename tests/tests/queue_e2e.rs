@@ -113,30 +113,19 @@ struct Fleet {
 
 impl Fleet {
     fn start(dir: &Path) -> Fleet {
-        let repairer_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let config = dir.join("repairer.toml");
         let port_min = free_port();
         // The drain's workflow waits its checkpoint grace before it requeues; by then the queue
         // has stopped the job and restarted it elsewhere, and the restarted attempt must be left
         // running (3 s makes that ordering the usual one, not a rare one).
-        std::fs::write(
-            &config,
-            format!(
-                "listen = \"{repairer_addr}\"\nstore = \"{store}\"\nagent_token = \"{AGENT}\"\n\
-                 admin_token = \"{ADMIN}\"\nscheduler = \"embedded\"\n\
+        let (repairer_addr, repairer) = fleetmend_tests::repairer_in(
+            dir,
+            &format!(
+                "agent_token = \"{AGENT}\"\nadmin_token = \"{ADMIN}\"\nscheduler = \"embedded\"\n\
                  [engine]\ntick = \"100ms\"\n[engine.workflow]\ncheckpoint_grace = \"3s\"\n\
                  [queue]\ntick = \"100ms\"\nstart_timeout = \"60s\"\ncheckpoint_grace = \"20s\"\n\
                  stop_grace = \"20s\"\nmaster_port_min = {port_min}\nmaster_port_max = {port_max}\n",
-                store = dir.join("repairer.db").display(),
                 port_max = port_min.saturating_add(50),
             ),
-        )
-        .unwrap();
-        let repairer = fleetmend_tests::start_repairer(
-            &config,
-            repairer_addr,
-            &dir.join("repairer.stderr"),
-            Duration::from_secs(20),
         );
         Fleet { dir: dir.to_owned(), repairer_addr, repairer, agents: Vec::new() }
     }

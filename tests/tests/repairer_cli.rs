@@ -8,30 +8,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use fleetmend_tests::{
-    Running, fixture, fixture_flags, fleetmend_bin, free_port, poll_until, run_with_timeout,
-    start_agent,
+    fixture, fixture_flags, fleetmend_bin, free_port, poll_until, run_with_timeout, start_agent,
 };
 
 const ADMIN: &str = "admin-secret";
 const AGENT: &str = "agent-secret";
-
-fn start_repairer(dir: &std::path::Path, listen: SocketAddr) -> Running {
-    let config = dir.join("repairer.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen = \"{listen}\"\nstore = \"{}\"\nagent_token = \"{AGENT}\"\nadmin_token = \"{ADMIN}\"\n[engine]\ntick = \"100ms\"\n[engine.workflow]\ncheckpoint_grace = \"0s\"\n",
-            dir.join("repairer.db").display()
-        ),
-    )
-    .unwrap();
-    fleetmend_tests::start_repairer(
-        &config,
-        listen,
-        &dir.join("repairer.stderr"),
-        Duration::from_secs(20),
-    )
-}
 
 fn cli(repairer: SocketAddr, token: &str, args: &[&str]) -> (Option<i32>, String, String) {
     let output = run_with_timeout(
@@ -63,8 +44,13 @@ fn node_state(repairer: SocketAddr, name: &str) -> String {
 #[test]
 fn client_verbs_drive_a_real_repairer() {
     let dir = tempfile::tempdir().unwrap();
-    let repairer_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let repairer = start_repairer(dir.path(), repairer_addr);
+    let (repairer_addr, repairer) = fleetmend_tests::repairer_in(
+        dir.path(),
+        &format!(
+            "agent_token = \"{AGENT}\"\nadmin_token = \"{ADMIN}\"\n[engine]\ntick = \"100ms\"\n\
+             [engine.workflow]\ncheckpoint_grace = \"0s\"\n"
+        ),
+    );
     let case = fixture("healthy");
     let agent_config = dir.path().join("agent.toml");
     std::fs::write(

@@ -8,28 +8,12 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use fleetmend_tests::{
-    Running, fixture, fixture_flags, free_port, http_get, poll_until, start_agent,
-};
-
-fn start_repairer(dir: &std::path::Path, listen: SocketAddr) -> Running {
-    let config = dir.join("repairer.toml");
-    let store = dir.join("repairer.db");
-    std::fs::write(&config, format!("listen = \"{listen}\"\nstore = \"{}\"\n", store.display()))
-        .unwrap();
-    fleetmend_tests::start_repairer(
-        &config,
-        listen,
-        &dir.join("repairer.stderr"),
-        Duration::from_secs(20),
-    )
-}
+use fleetmend_tests::{fixture, fixture_flags, free_port, http_get, poll_until, start_agent};
 
 #[test]
 fn repairer_metrics_pass_promtool() {
     let dir = tempfile::tempdir().unwrap();
-    let repairer_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let repairer = start_repairer(dir.path(), repairer_addr);
+    let (repairer_addr, repairer) = fleetmend_tests::repairer_in(dir.path(), "");
     let case = fixture("healthy");
     let mut flags = fixture_flags(&case);
     flags.push(format!("--config={}", case.join("agent.toml").display()));
