@@ -19,6 +19,7 @@
 
 mod protocol_env;
 
+pub(crate) use protocol_env::{EnvReader, Need};
 pub use protocol_env::{EnvVarProblem, ProtocolEnv, ReadProtocolEnvError, vars};
 
 use std::collections::BTreeMap;

@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
+use crate::checkpoint::{EnvReader, Need, vars};
 use wire::{AbortNotice, FrameHeader, FrameKind, LinkFailure, MAX_ABORT_PAYLOAD};
 
 /// Default [`CollectiveConfig::chunk_bytes`]: large enough that per-frame costs vanish next to the
@@ -81,62 +82,55 @@ pub struct MembershipError {
 }
 
 impl Membership {
+    /// A run of one: no rendezvous, no peers.
+    pub fn alone() -> Membership {
+        Membership {
+            rank: 0,
+            world_size: 1,
+            master_addr: "127.0.0.1".to_string(),
+            master_port: 0,
+            run_id: "local#0".to_string(),
+        }
+    }
+
     /// Reads `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` (both optional for a world of one),
-    /// `FLEETMEND_JOB_ID` (default `local`) and `FLEETMEND_RESTART_COUNT` (default 0).
+    /// `FLEETMEND_JOB_ID` (default `local`) and `FLEETMEND_RESTART_COUNT` (default 0), parsed as
+    /// the checkpoint protocol's [`ProtocolEnv`](crate::checkpoint::ProtocolEnv) parses them.
+    /// Without `RANK` and `WORLD_SIZE` this is a run of one ([`Membership::alone`]).
     pub fn from_env() -> Result<Membership, MembershipError> {
-        Membership::from_vars(|name| std::env::var(name).ok())
+        Membership::from_vars(|name| std::env::var_os(name))
     }
 
     /// [`Membership::from_env`] with the variables looked up through `var`.
-    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Membership, MembershipError> {
-        let mut problems = Vec::new();
-        let mut number = |name: &str, required: bool| -> Option<u64> {
-            match var(name) {
-                None if required => {
-                    problems.push(format!("{name}: not set"));
-                    None
-                }
-                None => None,
-                Some(text) => match text.trim().parse::<u64>() {
-                    Ok(value) => Some(value),
-                    Err(_) => {
-                        problems.push(format!("{name}: {text:?} is not a non-negative integer"));
-                        None
-                    }
-                },
-            }
-        };
-        let rank = number("RANK", true);
-        let world_size = number("WORLD_SIZE", true);
-        let alone = world_size == Some(1);
-        let master_port = number("MASTER_PORT", !alone);
-        let restart = number("FLEETMEND_RESTART_COUNT", false).unwrap_or(0);
-        let master_addr = var("MASTER_ADDR");
-        if master_addr.is_none() && !alone {
-            problems.push("MASTER_ADDR: not set".to_string());
+    pub fn from_vars<V: Into<std::ffi::OsString>>(
+        var: impl FnMut(&str) -> Option<V>,
+    ) -> Result<Membership, MembershipError> {
+        let mut env = EnvReader::new(var);
+        if !env.is_set(vars::RANK) && !env.is_set(vars::WORLD_SIZE) {
+            return Ok(Membership::alone());
         }
-        let master_port = match master_port.map(u16::try_from) {
-            Some(Ok(port)) => port,
-            Some(Err(_)) => {
-                problems.push("MASTER_PORT: not a TCP port".to_string());
-                0
-            }
-            None => 0,
-        };
-        let to_usize = |value: Option<u64>| value.and_then(|v| usize::try_from(v).ok());
+        let rank = env.number::<u32>(vars::RANK, Need::Required);
+        let world_size = env.number::<u32>(vars::WORLD_SIZE, Need::Required);
+        let peers = if world_size == Some(1) { Need::Optional } else { Need::Required };
+        let master_addr = env.text(vars::MASTER_ADDR, peers);
+        let master_port = env.number::<u16>(vars::MASTER_PORT, peers);
+        let job_id = env.text(vars::JOB_ID, Need::Optional);
+        let restart = env.number::<u32>(vars::RESTART_COUNT, Need::Optional);
+        let problems = env.finish();
+        if !problems.is_empty() {
+            return Err(MembershipError {
+                problems: problems.iter().map(ToString::to_string).collect(),
+            });
+        }
+        let to_usize = |value: Option<u32>| value.and_then(|v| usize::try_from(v).ok());
         let membership = Membership {
             rank: to_usize(rank).unwrap_or(0),
             world_size: to_usize(world_size).unwrap_or(0),
             master_addr: master_addr.unwrap_or_else(|| "127.0.0.1".to_string()),
-            master_port,
-            run_id: format!(
-                "{}#{restart}",
-                var("FLEETMEND_JOB_ID").unwrap_or_else(|| "local".to_string())
-            ),
+            master_port: master_port.unwrap_or(0),
+            run_id: format!("{}#{}", job_id.as_deref().unwrap_or("local"), restart.unwrap_or(0)),
         };
-        if problems.is_empty() {
-            problems = membership.problems();
-        }
+        let problems = membership.problems();
         if problems.is_empty() { Ok(membership) } else { Err(MembershipError { problems }) }
     }
 
@@ -1239,6 +1233,7 @@ mod tests {
         );
         let alone = Membership::from_vars(vars(&[("RANK", "0"), ("WORLD_SIZE", "1")])).unwrap();
         assert_eq!((alone.world_size, alone.run_id.as_str()), (1, "local#0"));
+        assert_eq!(Membership::from_vars(vars(&[])).unwrap(), Membership::alone());
 
         let error = Membership::from_vars(vars(&[
             ("RANK", "x"),

@@ -1,7 +1,7 @@
 //! The environment every rank of a job is started with (`DESIGN.md`, "The checkpoint protocol"):
 //! torchrun's variables plus fleetmend's.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::path::PathBuf;
 
@@ -121,68 +121,39 @@ impl ProtocolEnv {
 
     /// Reads the variables through `lookup` (name → value, `None` when unset), so callers and
     /// tests need not touch the process environment. Reports every problem at once.
-    pub fn from_lookup<F, V>(mut lookup: F) -> Result<Self, ReadProtocolEnvError>
+    pub fn from_lookup<F, V>(lookup: F) -> Result<Self, ReadProtocolEnvError>
     where
         F: FnMut(&str) -> Option<V>,
         V: Into<OsString>,
     {
-        let mut problems = Vec::new();
-        let mut raw = |var: &'static str| -> Option<OsString> {
-            let value = lookup(var).map(Into::into);
-            if value.is_none() {
-                problems.push(EnvVarProblem::Missing { var });
-            }
-            value
-        };
-        let rank = raw(vars::RANK);
-        let world_size = raw(vars::WORLD_SIZE);
-        let local_rank = raw(vars::LOCAL_RANK);
-        let master_addr = raw(vars::MASTER_ADDR);
-        let master_port = raw(vars::MASTER_PORT);
-        let job_id = raw(vars::JOB_ID);
-        let checkpoint_dir = raw(vars::CHECKPOINT_DIR);
-        let restart_count = raw(vars::RESTART_COUNT);
-        // Missing ones were recorded above; now the values, in the same order.
-        let mut invalid = Vec::new();
-        let rank = rank.and_then(|v| parse_number::<u32>(vars::RANK, v, &mut invalid));
-        let world_size =
-            world_size.and_then(|v| parse_number::<u32>(vars::WORLD_SIZE, v, &mut invalid));
-        let local_rank =
-            local_rank.and_then(|v| parse_number::<u32>(vars::LOCAL_RANK, v, &mut invalid));
-        let master_addr = master_addr.and_then(|v| parse_text(vars::MASTER_ADDR, v, &mut invalid));
-        let master_port =
-            master_port.and_then(|v| parse_number::<u16>(vars::MASTER_PORT, v, &mut invalid));
-        let job_id = job_id.and_then(|v| parse_text(vars::JOB_ID, v, &mut invalid));
-        let checkpoint_dir = checkpoint_dir.and_then(|v| {
-            if v.is_empty() {
-                invalid.push(invalid_value(vars::CHECKPOINT_DIR, &v, "is empty"));
-                None
-            } else {
-                Some(PathBuf::from(v))
-            }
-        });
-        let restart_count =
-            restart_count.and_then(|v| parse_number::<u32>(vars::RESTART_COUNT, v, &mut invalid));
+        let mut env = EnvReader::new(lookup);
+        let rank = env.number::<u32>(vars::RANK, Need::Required);
+        let world_size = env.number::<u32>(vars::WORLD_SIZE, Need::Required);
+        let local_rank = env.number::<u32>(vars::LOCAL_RANK, Need::Required);
+        let master_addr = env.text(vars::MASTER_ADDR, Need::Required);
+        let master_port = env.number::<u16>(vars::MASTER_PORT, Need::Required);
+        let job_id = env.text(vars::JOB_ID, Need::Required);
+        let checkpoint_dir = env.path(vars::CHECKPOINT_DIR, Need::Required);
+        let restart_count = env.number::<u32>(vars::RESTART_COUNT, Need::Required);
 
         if world_size == Some(0) {
-            invalid.push(invalid_value(vars::WORLD_SIZE, "0", "must be at least 1"));
+            env.invalid(vars::WORLD_SIZE, "0", "must be at least 1");
         }
         if master_port == Some(0) {
-            invalid.push(invalid_value(vars::MASTER_PORT, "0", "is not a port to connect to"));
+            env.invalid(vars::MASTER_PORT, "0", "is not a port to connect to");
         }
         if let Some(world_size) = world_size.filter(|w| *w > 0) {
             for (var, index) in [(vars::RANK, rank), (vars::LOCAL_RANK, local_rank)] {
                 if let Some(index) = index.filter(|i| *i >= world_size) {
-                    invalid.push(invalid_value(
+                    env.invalid(
                         var,
                         index.to_string(),
                         &format!("must be less than {}={world_size}", vars::WORLD_SIZE),
-                    ));
+                    );
                 }
             }
         }
-        problems.extend(invalid);
-        problems.sort_by_key(|p| vars::ALL.iter().position(|v| *v == p.var()));
+        let problems = env.finish();
 
         match (
             rank,
@@ -233,66 +204,112 @@ impl ProtocolEnv {
     }
 }
 
-fn invalid_value(
-    var: &'static str,
-    value: impl AsRef<std::ffi::OsStr>,
-    reason: &str,
-) -> EnvVarProblem {
-    EnvVarProblem::Invalid {
-        var,
-        value: value.as_ref().to_string_lossy().into_owned(),
-        reason: reason.to_owned(),
-    }
+/// Whether a variable must be set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Need {
+    Required,
+    Optional,
 }
 
-fn parse_text(
-    var: &'static str,
-    value: OsString,
-    invalid: &mut Vec<EnvVarProblem>,
-) -> Option<String> {
-    match value.into_string() {
-        Ok(text) if text.is_empty() => {
-            invalid.push(invalid_value(var, "", "is empty"));
-            None
-        }
-        Ok(text) => Some(text),
-        Err(value) => {
-            invalid.push(invalid_value(var, &value, "is not valid UTF-8"));
-            None
-        }
-    }
+/// Reads the protocol's variables one at a time through a lookup, keeping every problem found.
+/// [`ProtocolEnv`] reads all of them, each required; the collective's `Membership` reads
+/// torchrun's, some optional for a world of one. Either way a value parses the same.
+pub(crate) struct EnvReader<F> {
+    lookup: F,
+    problems: Vec<EnvVarProblem>,
 }
 
-fn parse_number<T>(
-    var: &'static str,
-    value: OsString,
-    invalid: &mut Vec<EnvVarProblem>,
-) -> Option<T>
+impl<F, V> EnvReader<F>
 where
-    T: std::str::FromStr<Err = std::num::ParseIntError> + Bounded,
+    F: FnMut(&str) -> Option<V>,
+    V: Into<OsString>,
 {
-    let text = match value.into_string() {
-        Ok(text) => text,
-        Err(value) => {
-            invalid.push(invalid_value(var, &value, "is not valid UTF-8"));
+    pub(crate) fn new(lookup: F) -> Self {
+        EnvReader { lookup, problems: Vec::new() }
+    }
+
+    /// Whether `var` is set at all.
+    pub(crate) fn is_set(&mut self, var: &str) -> bool {
+        (self.lookup)(var).is_some()
+    }
+
+    fn raw(&mut self, var: &'static str, need: Need) -> Option<OsString> {
+        let value = (self.lookup)(var).map(Into::into);
+        if value.is_none() && need == Need::Required {
+            self.problems.push(EnvVarProblem::Missing { var });
+        }
+        value
+    }
+
+    /// A whole number (no sign, no spaces).
+    pub(crate) fn number<T>(&mut self, var: &'static str, need: Need) -> Option<T>
+    where
+        T: std::str::FromStr<Err = std::num::ParseIntError> + Bounded,
+    {
+        let text = match self.raw(var, need)?.into_string() {
+            Ok(text) => text,
+            Err(value) => {
+                self.invalid(var, &value, "is not valid UTF-8");
+                return None;
+            }
+        };
+        match text.parse() {
+            Ok(number) => Some(number),
+            Err(e) => {
+                self.invalid(
+                    var,
+                    &text,
+                    &format!("is not a whole number from 0 to {} ({e})", T::MAX),
+                );
+                None
+            }
+        }
+    }
+
+    /// Text that is not empty.
+    pub(crate) fn text(&mut self, var: &'static str, need: Need) -> Option<String> {
+        match self.raw(var, need)?.into_string() {
+            Ok(text) if text.is_empty() => {
+                self.invalid(var, "", "is empty");
+                None
+            }
+            Ok(text) => Some(text),
+            Err(value) => {
+                self.invalid(var, &value, "is not valid UTF-8");
+                None
+            }
+        }
+    }
+
+    /// A path that is not empty (any bytes).
+    pub(crate) fn path(&mut self, var: &'static str, need: Need) -> Option<PathBuf> {
+        let value = self.raw(var, need)?;
+        if value.is_empty() {
+            self.invalid(var, &value, "is empty");
             return None;
         }
-    };
-    match text.parse() {
-        Ok(number) => Some(number),
-        Err(e) => {
-            invalid.push(invalid_value(
-                var,
-                &text,
-                &format!("is not a whole number from 0 to {} ({e})", T::MAX),
-            ));
-            None
-        }
+        Some(PathBuf::from(value))
+    }
+
+    /// Records that `var`'s `value` cannot be used, and why.
+    pub(crate) fn invalid(&mut self, var: &'static str, value: impl AsRef<OsStr>, reason: &str) {
+        self.problems.push(EnvVarProblem::Invalid {
+            var,
+            value: value.as_ref().to_string_lossy().into_owned(),
+            reason: reason.to_owned(),
+        });
+    }
+
+    /// Every problem found, in [`vars::ALL`] order.
+    pub(crate) fn finish(self) -> Vec<EnvVarProblem> {
+        let mut problems = self.problems;
+        problems.sort_by_key(|p| vars::ALL.iter().position(|v| *v == p.var()));
+        problems
     }
 }
 
 /// The unsigned integer types the variables hold, for the range in error messages.
-trait Bounded {
+pub(crate) trait Bounded {
     const MAX: u64;
 }
 

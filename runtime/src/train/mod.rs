@@ -415,19 +415,7 @@ fn setup(args: TrainArgs) -> Result<Setup, TrainError> {
         problems.push("--rendezvous-timeout: must be more than 0".to_string());
     }
     // Without RANK and WORLD_SIZE this is a run of one.
-    let membership =
-        if std::env::var_os("RANK").is_none() && std::env::var_os("WORLD_SIZE").is_none() {
-            Ok(Membership {
-                rank: 0,
-                world_size: 1,
-                master_addr: "127.0.0.1".to_string(),
-                master_port: 0,
-                run_id: "local#0".to_string(),
-            })
-        } else {
-            Membership::from_env()
-        };
-    let membership = match membership {
+    let membership = match Membership::from_env() {
         Ok(membership) => Some(membership),
         Err(err) => {
             problems.extend(err.problems);
