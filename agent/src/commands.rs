@@ -12,14 +12,12 @@
 //! gets a result, also an unknown or refused one, so the repairer never waits for nothing.
 
 use std::collections::{HashSet, VecDeque};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use fleetmend_proto::{
     CommandResult, Finding, NodeCommand, RecommendedAction, Status, Verdict, command_kind,
 };
-use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 
@@ -43,8 +41,6 @@ const OUTPUT_TAIL_BYTES: usize = 1024;
 const BUSY_POLL: Duration = Duration::from_millis(50);
 /// After a process ended, how long its output pipes may stay open (a leftover child holding them).
 const OUTPUT_GRACE: Duration = Duration::from_secs(1);
-/// How long a killed process group may take to go away before it is left to the kernel.
-const REAP_GRACE: Duration = Duration::from_secs(5);
 /// Problems named in a deep check's message; the findings list carries them all.
 const MESSAGE_PROBLEMS: usize = 8;
 
@@ -616,121 +612,50 @@ impl ProcessRun {
 /// group is killed, so a probe's helpers do not outlive it.
 pub async fn run_process(argv: &[String], timeout: Duration) -> ProcessRun {
     let started = Instant::now();
-    let not_started = |why: String| ProcessRun {
-        end: ProcessEnd::NotStarted(why),
-        duration: started.elapsed(),
-        output_tail: String::new(),
-    };
     let Some((program, args)) = argv.split_first() else {
-        return not_started("no program given".to_owned());
+        return ProcessRun {
+            end: ProcessEnd::NotStarted("no program given".to_owned()),
+            duration: Duration::ZERO,
+            output_tail: String::new(),
+        };
     };
     let mut command = tokio::process::Command::new(program);
-    command
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    let mut child = match command.spawn() {
-        Ok(child) => child,
-        Err(err) => return not_started(format!("starting {program}: {err}")),
+    command.args(args);
+    let options = fleetmend_process::Options {
+        tail_bytes: OUTPUT_TAIL_BYTES,
+        output_grace: OUTPUT_GRACE,
+        // A reboot command may hand the reboot to a helper that keeps its output open.
+        leftovers: fleetmend_process::Leftovers::Leave,
+        ..fleetmend_process::Options::new(timeout)
     };
-    let mut group = ProcessGroup(child.id().and_then(|pid| i32::try_from(pid).ok()));
-    let stdout = child.stdout.take().map(|pipe| tokio::spawn(read_tail(pipe)));
-    let stderr = child.stderr.take().map(|pipe| tokio::spawn(read_tail(pipe)));
-
-    let end = match tokio::time::timeout(timeout, child.wait()).await {
-        Ok(Ok(status)) => {
-            group.disarm();
+    match fleetmend_process::run(command, &options).await {
+        Ok(output) => {
             use std::os::unix::process::ExitStatusExt;
-            match (status.code(), status.signal()) {
+            let end = match (output.status.code(), output.status.signal()) {
                 (Some(code), _) => ProcessEnd::Exited(code),
                 (None, Some(signal)) => ProcessEnd::Signalled(signal),
-                (None, None) => ProcessEnd::NotStarted(format!("ended oddly: {status}")),
-            }
+                (None, None) => ProcessEnd::NotStarted(format!("ended oddly: {}", output.status)),
+            };
+            let output_tail = output_tail(&output.stdout, &output.stderr);
+            ProcessRun { end, duration: output.duration, output_tail }
         }
-        Ok(Err(err)) => {
-            group.kill();
-            ProcessEnd::NotStarted(format!("waiting for {program}: {err}"))
-        }
-        Err(_elapsed) => {
-            group.kill();
-            // Reaps it; SIGKILL cannot be ignored, but a process in uninterruptible sleep (a hung
-            // driver call) may take its time, and the wait for it is bounded too.
-            let _ = tokio::time::timeout(REAP_GRACE, child.wait()).await;
-            ProcessEnd::TimedOut
-        }
-    };
-    let duration = if end == ProcessEnd::TimedOut { timeout } else { started.elapsed() };
-    let stderr = collect_tail(stderr).await;
-    let stdout = collect_tail(stdout).await;
-    let output_tail = if stderr.is_empty() { stdout } else { stderr };
-    ProcessRun { end, duration, output_tail }
-}
-
-/// Kills a process group when told to, or when dropped still armed (a cancelled run).
-struct ProcessGroup(Option<i32>);
-
-impl ProcessGroup {
-    fn kill(&mut self) {
-        if let Some(pgid) = self.0.take() {
-            let pgid = nix::unistd::Pid::from_raw(pgid);
-            if let Err(err) = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL)
-                && err != nix::errno::Errno::ESRCH
-            {
-                tracing::warn!(pgid = %pgid, error = %err, "cannot kill a command's process group");
-            }
-        }
-    }
-
-    /// The leader ended by itself: nothing to kill.
-    fn disarm(&mut self) {
-        self.0 = None;
+        Err(fleetmend_process::RunError::TimedOut { after, stdout, stderr, .. }) => ProcessRun {
+            end: ProcessEnd::TimedOut,
+            duration: after,
+            output_tail: output_tail(&stdout, &stderr),
+        },
+        Err(err) => ProcessRun {
+            end: ProcessEnd::NotStarted(err.to_string()),
+            duration: started.elapsed(),
+            output_tail: String::new(),
+        },
     }
 }
 
-impl Drop for ProcessGroup {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Reads a pipe to its end, keeping only the last [`OUTPUT_TAIL_BYTES`].
-async fn read_tail(mut pipe: impl AsyncRead + Unpin) -> Vec<u8> {
-    let mut tail = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        match pipe.read(&mut chunk).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                tail.extend_from_slice(&chunk[..n]);
-                if tail.len() > 2 * OUTPUT_TAIL_BYTES {
-                    tail.drain(..tail.len() - OUTPUT_TAIL_BYTES);
-                }
-            }
-        }
-    }
-    if tail.len() > OUTPUT_TAIL_BYTES {
-        tail.drain(..tail.len() - OUTPUT_TAIL_BYTES);
-    }
-    tail
-}
-
-/// The tail a reader collected, waiting briefly: a leftover child of the process may hold the
-/// pipe open forever.
-async fn collect_tail(reader: Option<tokio::task::JoinHandle<Vec<u8>>>) -> String {
-    let Some(mut reader) = reader else {
-        return String::new();
-    };
-    match tokio::time::timeout(OUTPUT_GRACE, &mut reader).await {
-        Ok(Ok(bytes)) => String::from_utf8_lossy(&bytes).trim().to_owned(),
-        Ok(Err(_)) => String::new(),
-        Err(_) => {
-            reader.abort();
-            String::new()
-        }
-    }
+/// The end of stderr, or of stdout when stderr was empty; trimmed.
+fn output_tail(stdout: &fleetmend_process::Tail, stderr: &fleetmend_process::Tail) -> String {
+    let stderr = stderr.text().trim().to_owned();
+    if stderr.is_empty() { stdout.text().trim().to_owned() } else { stderr }
 }
 
 /// A duration for a message: whole seconds above ten seconds, milliseconds below.
@@ -791,13 +716,5 @@ mod tests {
             deliverer.delivered(&sent);
         });
         assert!(outbox.wait_delivered(&result, Duration::from_secs(10)).await);
-    }
-
-    #[test]
-    fn output_tail_keeps_the_end() {
-        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        let data: Vec<u8> = (0..10_000u32).map(|i| b'a' + (i % 26) as u8).collect();
-        let tail = runtime.block_on(read_tail(&data[..]));
-        assert_eq!(tail, &data[data.len() - OUTPUT_TAIL_BYTES..]);
     }
 }

@@ -428,19 +428,12 @@ impl Fleet {
         let slurm = match &config.scheduler {
             FleetScheduler::Embedded => None,
             FleetScheduler::Slurm { conf } => {
-                let (dir, conf) = (state_dir.clone(), conf.clone());
-                let cluster =
-                    tokio::task::spawn_blocking(move || SlurmCluster::start(&dir, conf.as_deref()))
-                        .await
-                        .map_err(|err| SlurmUpError::Command {
-                            what: "starting the Slurm cluster".to_owned(),
-                            message: err.to_string(),
-                        })??;
+                let cluster = SlurmCluster::start(&state_dir, conf.as_deref()).await?;
                 let names: Vec<String> = roles.iter().map(|(name, _)| name.clone()).collect();
                 let node_names = match cluster.node_names(&names, config.nodes, config.spares) {
                     Ok(node_names) => node_names,
                     Err(err) => {
-                        tokio::task::spawn_blocking(move || cluster.stop()).await.ok();
+                        cluster.stop().await;
                         return Err(err.into());
                     }
                 };
@@ -464,8 +457,7 @@ impl Fleet {
         let problems = repairer_config.problems();
         if !problems.is_empty() {
             if let Some(slurm) = slurm {
-                let cluster = slurm.cluster;
-                tokio::task::spawn_blocking(move || cluster.stop()).await.ok();
+                slurm.cluster.stop().await;
             }
             return Err(FleetError::RepairerConfig(problems));
         }
@@ -478,8 +470,7 @@ impl Fleet {
             Ok(repairer) => repairer,
             Err(err) => {
                 if let Some(slurm) = slurm {
-                    let cluster = slurm.cluster;
-                    tokio::task::spawn_blocking(move || cluster.stop()).await.ok();
+                    slurm.cluster.stop().await;
                 }
                 return Err(Box::new(err).into());
             }
@@ -933,11 +924,8 @@ impl Fleet {
             let unfinished =
                 slurm.job.as_ref().filter(|j| !j.status().is_some_and(|s| s.is_final()));
             if let Some(job) = unfinished {
-                let (cluster, id) = (slurm.cluster.clone(), job.id.clone());
                 // The ranks get SIGTERM from Slurm and write a checkpoint.
-                let cancelled =
-                    tokio::task::spawn_blocking(move || cluster.slurm("scancel", &[&id])).await;
-                if let Ok(Err(err)) = cancelled {
+                if let Err(err) = slurm.cluster.slurm("scancel", &[&job.id]).await {
                     tracing::warn!(error = %err, "cancelling the Slurm job failed");
                 }
             }
@@ -971,8 +959,7 @@ impl Fleet {
         self.supervisor.stop_all(&self.state_dir.join("nodes")).await;
         self.write_fleet_file(false);
         if let Some(slurm) = self.slurm.take() {
-            let cluster = slurm.cluster;
-            tokio::task::spawn_blocking(move || cluster.stop()).await.ok();
+            slurm.cluster.stop().await;
         }
     }
 
@@ -994,18 +981,13 @@ impl Fleet {
                 self.config.seed
             ),
         };
-        let cluster = slurm.cluster.clone();
-        let job = tokio::task::spawn_blocking(move || SlurmJob::submit(&cluster, &settings))
-            .await
-            .map_err(|err| FleetError::Submit(err.to_string()))??;
+        let job = SlurmJob::submit(&slurm.cluster, &settings).await?;
         let job = Arc::new(job);
         let id = job.id.clone();
         let (cluster, polled) = (slurm.cluster.clone(), job.clone());
         slurm.poller = Some(tokio::spawn(async move {
             loop {
-                let (cluster, job) = (cluster.clone(), polled.clone());
-                let status =
-                    tokio::task::spawn_blocking(move || job.refresh(&cluster)).await.ok().flatten();
+                let status = polled.refresh(&cluster).await;
                 if status.is_some_and(|s| s.is_final()) {
                     return;
                 }

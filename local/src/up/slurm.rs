@@ -8,12 +8,14 @@
 //! this host; it is stopped with the fleet.
 
 use std::collections::BTreeMap;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use fleetmend_process::{ProcessOutput, RunError};
 use serde::{Deserialize, Serialize};
+use tokio::process::Command;
 
 use super::fleet::FinalLine;
 
@@ -43,42 +45,41 @@ pub enum SlurmUpError {
     NoJobId(String),
 }
 
-/// Runs `command` with a deadline; kills it when the deadline passes.
-fn run(command: &mut Command, timeout: Duration) -> Result<Output, SlurmUpError> {
-    let what = format!("{command:?}");
+/// Runs `command` in a process group of its own; kills the group when `timeout` passes. A
+/// non-zero exit is an error with the command's output.
+async fn run(command: Command, timeout: Duration) -> Result<ProcessOutput, SlurmUpError> {
+    let what = format!("{:?}", command.as_std());
     let fail = |message: String| SlurmUpError::Command { what: what.clone(), message };
-    let mut child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|err| fail(err.to_string()))?;
-    let deadline = Instant::now() + timeout;
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if Instant::now() >= deadline => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(fail(format!(
-                    "no answer within {}",
-                    humantime::format_duration(timeout)
-                )));
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(err) => return Err(fail(err.to_string())),
+    let options = fleetmend_process::Options {
+        // The dev cluster's daemons outlive the script that starts them.
+        leftovers: fleetmend_process::Leftovers::Leave,
+        ..fleetmend_process::Options::new(timeout)
+    };
+    let output = match fleetmend_process::run(command, &options).await {
+        Ok(output) => output,
+        Err(RunError::TimedOut { .. }) => {
+            return Err(fail(format!("no answer within {}", humantime::format_duration(timeout))));
         }
-    }
-    let output = child.wait_with_output().map_err(|err| fail(err.to_string()))?;
+        Err(RunError::Spawn { source, .. } | RunError::Wait { source, .. }) => {
+            return Err(fail(source.to_string()));
+        }
+    };
     if !output.status.success() {
         return Err(fail(format!(
             "{}: {}{}",
             output.status,
-            String::from_utf8_lossy(&output.stderr).trim(),
-            String::from_utf8_lossy(&output.stdout).trim()
+            output.stderr.text().trim(),
+            output.stdout.text().trim()
         )));
     }
     Ok(output)
+}
+
+/// `program` with `args`.
+fn command(program: impl AsRef<OsStr>, args: &[&str]) -> Command {
+    let mut command = Command::new(program);
+    command.args(args);
+    command
 }
 
 /// The Slurm cluster the fleet runs on.
@@ -93,7 +94,10 @@ pub struct SlurmCluster {
 
 impl SlurmCluster {
     /// The cluster of `conf`, or (without one) a dev cluster started under `state_dir/slurm`.
-    pub fn start(state_dir: &Path, conf: Option<&Path>) -> Result<SlurmCluster, SlurmUpError> {
+    pub async fn start(
+        state_dir: &Path,
+        conf: Option<&Path>,
+    ) -> Result<SlurmCluster, SlurmUpError> {
         let (conf, dev_cluster) = match conf {
             Some(conf) => (conf.to_owned(), None),
             None => {
@@ -101,25 +105,25 @@ impl SlurmCluster {
                 let script = state_dir.join("dev-cluster.sh");
                 write_executable(&script, DEV_CLUSTER_SCRIPT)?;
                 // A cluster an earlier run left behind (killed before it could stop it).
-                let _ = run(Command::new(&script).arg("stop").arg(&dir), COMMAND_TIMEOUT);
+                let mut stop = command(&script, &["stop"]);
+                stop.arg(&dir);
+                let _ = run(stop, COMMAND_TIMEOUT).await;
                 let (ctld, first_node) = free_ports();
-                run(
-                    Command::new(&script)
-                        .arg("start")
-                        .arg(&dir)
-                        .env("FLEETMEND_SLURM_CTLD_PORT", ctld.to_string())
-                        .env("FLEETMEND_SLURM_NODE_PORT", first_node.to_string()),
-                    DEV_CLUSTER_START_TIMEOUT,
-                )?;
+                let mut start = command(&script, &["start"]);
+                start
+                    .arg(&dir)
+                    .env("FLEETMEND_SLURM_CTLD_PORT", ctld.to_string())
+                    .env("FLEETMEND_SLURM_NODE_PORT", first_node.to_string());
+                run(start, DEV_CLUSTER_START_TIMEOUT).await?;
                 (dir.join("slurm.conf"), Some(dir))
             }
         };
         let mut cluster = SlurmCluster { conf, dev_cluster, nodes: Vec::new() };
-        let listed = cluster.slurm("sinfo", &["-h", "-N", "-o", "%N"]);
+        let listed = cluster.slurm("sinfo", &["-h", "-N", "-o", "%N"]).await;
         let listed = match listed {
             Ok(listed) => listed,
             Err(err) => {
-                cluster.stop();
+                cluster.stop().await;
                 return Err(err);
             }
         };
@@ -162,17 +166,19 @@ impl SlurmCluster {
     }
 
     /// Runs a Slurm client command against the cluster; its stdout.
-    pub fn slurm(&self, program: &str, args: &[&str]) -> Result<String, SlurmUpError> {
-        let output =
-            run(Command::new(program).args(args).env("SLURM_CONF", &self.conf), COMMAND_TIMEOUT)?;
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    pub async fn slurm(&self, program: &str, args: &[&str]) -> Result<String, SlurmUpError> {
+        let mut slurm = command(program, args);
+        slurm.env("SLURM_CONF", &self.conf);
+        Ok(run(slurm, COMMAND_TIMEOUT).await?.stdout.text())
     }
 
     /// Stops the dev cluster `fleetmend up` started (a cluster of the user's own is left alone).
-    pub fn stop(&self) {
+    pub async fn stop(&self) {
         let Some(dir) = &self.dev_cluster else { return };
         let script = dir.parent().map(|p| p.join("dev-cluster.sh")).unwrap_or_default();
-        if let Err(err) = run(Command::new(&script).arg("stop").arg(dir), COMMAND_TIMEOUT) {
+        let mut stop = command(&script, &["stop"]);
+        stop.arg(dir);
+        if let Err(err) = run(stop, COMMAND_TIMEOUT).await {
             tracing::warn!(error = %err, "stopping the Slurm dev cluster failed");
         }
     }
@@ -282,7 +288,7 @@ impl SlurmJob {
     }
 
     /// Submits `resumable.sbatch` with `settings` to `cluster`.
-    pub fn submit(
+    pub async fn submit(
         cluster: &SlurmCluster,
         settings: &JobSettings,
     ) -> Result<SlurmJob, SlurmUpError> {
@@ -290,23 +296,21 @@ impl SlurmJob {
         std::fs::create_dir_all(&settings.checkpoints)
             .map_err(|source| SlurmUpError::Write { path: settings.checkpoints.clone(), source })?;
         let output_pattern = settings.output_dir.join("train-%j.out");
-        let output = run(
-            Command::new("sbatch")
-                .arg("--parsable")
-                .arg(format!("--nodes={}", settings.nodes))
-                .arg("--output")
-                .arg(&output_pattern)
-                .arg(&settings.script)
-                .current_dir(&settings.output_dir)
-                .env("SLURM_CONF", cluster.conf())
-                .env("FLEETMEND", &settings.exe)
-                .env("FLEETMEND_CHECKPOINT_DIR", &settings.checkpoints)
-                .env("FLEETMEND_TRAIN_STEPS", settings.steps.to_string())
-                .env("FLEETMEND_CHECKPOINT_EVERY", &settings.checkpoint_every)
-                .env("FLEETMEND_TRAIN_ARGS", &settings.train_args),
-            COMMAND_TIMEOUT,
-        )?;
-        let printed = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+        let mut sbatch = command("sbatch", &["--parsable"]);
+        sbatch
+            .arg(format!("--nodes={}", settings.nodes))
+            .arg("--output")
+            .arg(&output_pattern)
+            .arg(&settings.script)
+            .current_dir(&settings.output_dir)
+            .env("SLURM_CONF", cluster.conf())
+            .env("FLEETMEND", &settings.exe)
+            .env("FLEETMEND_CHECKPOINT_DIR", &settings.checkpoints)
+            .env("FLEETMEND_TRAIN_STEPS", settings.steps.to_string())
+            .env("FLEETMEND_CHECKPOINT_EVERY", &settings.checkpoint_every)
+            .env("FLEETMEND_TRAIN_ARGS", &settings.train_args);
+        let output = run(sbatch, COMMAND_TIMEOUT).await?;
+        let printed = output.stdout.text().trim().to_owned();
         // `--parsable` prints `ID` or `ID;CLUSTER`.
         let id = printed.split(';').next().unwrap_or_default().to_owned();
         if id.is_empty() || !id.chars().all(|c| c.is_ascii_digit()) {
@@ -328,9 +332,10 @@ impl SlurmJob {
 
     /// Reads the job's status from Slurm (`scontrol show job`); the last one read when Slurm
     /// does not answer.
-    pub fn refresh(&self, cluster: &SlurmCluster) -> Option<SlurmJobStatus> {
+    pub async fn refresh(&self, cluster: &SlurmCluster) -> Option<SlurmJobStatus> {
         let read = cluster
             .slurm("scontrol", &["show", "job", "-o", &self.id])
+            .await
             .ok()
             .and_then(|text| SlurmJobStatus::parse(&self.id, text.trim()));
         let mut last = self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -6,14 +6,11 @@
 //! stdout and stderr are captured, bounded, and the stderr tail goes into the error when it fails.
 
 use std::os::unix::process::ExitStatusExt;
-use std::process::{ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::process::ExitStatus;
 use std::time::Duration;
 
+use fleetmend_process::{ProcessOutput, RunError};
 use serde::Deserialize;
-use tokio::io::{AsyncRead, AsyncReadExt};
-use tokio::task::JoinHandle;
-use tokio::time::Instant;
 
 use super::config::ConfigProblem;
 use super::{PowerState, Provider, ProviderError, check_substitutable_node_name};
@@ -34,9 +31,6 @@ const ERROR_STDERR_TAIL_BYTES: usize = 2 * 1024;
 /// How long output is still read after the command exited. Something it left running in the
 /// background may hold the pipes open; past this it is killed with the group.
 const OUTPUT_DRAIN_GRACE: Duration = Duration::from_secs(2);
-
-/// How long reaping a SIGKILLed process may take before it is left to tokio's orphan reaper.
-const REAP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One configured command.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -160,176 +154,24 @@ impl CommandProviderConfig {
     }
 }
 
-/// What a finished command printed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CommandOutput {
-    pub status: ExitStatus,
-    /// The last [`OUTPUT_CAPTURE_BYTES`] of stdout (lossy UTF-8).
-    pub stdout: String,
-    /// The last [`OUTPUT_CAPTURE_BYTES`] of stderr (lossy UTF-8).
-    pub stderr: String,
-    /// More was printed than was kept.
-    pub truncated: bool,
-}
-
-/// Running one command failed before it could finish on its own.
-#[derive(Debug, thiserror::Error)]
-pub enum RunCommandError {
-    #[error("starting {program:?}: {source}")]
-    Spawn { program: String, source: std::io::Error },
-    #[error("waiting for {program:?}: {source}")]
-    Wait { program: String, source: std::io::Error },
-    /// It ran past its timeout and its process group was killed; what it printed until then.
-    #[error("{program:?} ran longer than {timeout:?} and was killed")]
-    TimedOut { program: String, timeout: Duration, stdout: String, stderr: String },
-}
-
-/// Keeps the tail of a stream.
-#[derive(Debug, Default)]
-struct OutputTail {
-    bytes: Vec<u8>,
-    dropped: bool,
-}
-
-impl OutputTail {
-    fn push(&mut self, chunk: &[u8]) {
-        self.bytes.extend_from_slice(chunk);
-        // Trim in batches so a chatty command costs amortised O(1) per byte.
-        if self.bytes.len() > 2 * OUTPUT_CAPTURE_BYTES {
-            let excess = self.bytes.len() - OUTPUT_CAPTURE_BYTES;
-            self.bytes.drain(..excess);
-            self.dropped = true;
-        }
-    }
-
-    fn snapshot(&self) -> (String, bool) {
-        let start = self.bytes.len().saturating_sub(OUTPUT_CAPTURE_BYTES);
-        (String::from_utf8_lossy(&self.bytes[start..]).into_owned(), self.dropped || start > 0)
-    }
-}
-
-type SharedTail = Arc<Mutex<OutputTail>>;
-
-fn lock(tail: &SharedTail) -> std::sync::MutexGuard<'_, OutputTail> {
-    tail.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn spawn_reader<R>(pipe: Option<R>, tail: SharedTail) -> Option<JoinHandle<()>>
-where
-    R: AsyncRead + Unpin + Send + 'static,
-{
-    let mut pipe = pipe?;
-    Some(tokio::spawn(async move {
-        let mut buffer = vec![0_u8; 8192];
-        loop {
-            match pipe.read(&mut buffer).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => lock(&tail).push(&buffer[..n]),
-            }
-        }
-    }))
-}
-
-/// Kills the command's whole process group unless disarmed: on timeout, and when the future running
-/// the command is dropped (a cancelled workflow must not leave an `ipmitool` behind).
-#[derive(Debug)]
-struct ProcessGroup {
-    pgid: Option<nix::unistd::Pid>,
-}
-
-impl ProcessGroup {
-    fn kill(&self) {
-        if let Some(pgid) = self.pgid {
-            // ESRCH (the group is gone already) is the outcome we want.
-            let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
-        }
-    }
-
-    fn disarm(&mut self) {
-        self.pgid = None;
-    }
-}
-
-impl Drop for ProcessGroup {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Waits for the readers until `deadline`, then kills what still holds the pipes and keeps what
-/// was read.
-async fn drain_readers(readers: Vec<JoinHandle<()>>, deadline: Instant, group: &ProcessGroup) {
-    for reader in readers {
-        let abort = reader.abort_handle();
-        if tokio::time::timeout_at(deadline, reader).await.is_err() {
-            // Something the command started is still holding its stdout or stderr.
-            group.kill();
-            abort.abort();
-        }
-    }
-}
-
-/// Runs `argv` with a timeout, in its own process group, stdin closed, output captured.
-/// `env` is added to the inherited environment.
+/// Runs `argv` with a timeout, in its own process group, stdin closed, output captured (the last
+/// [`OUTPUT_CAPTURE_BYTES`] of each stream). `env` is added to the inherited environment.
 pub async fn run_command(
     argv: &[String],
     env: &[(&str, &str)],
     timeout: Duration,
-) -> Result<CommandOutput, RunCommandError> {
-    let program = argv.first().cloned().unwrap_or_default();
-    let mut command = tokio::process::Command::new(&program);
-    command
-        .args(argv.iter().skip(1))
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // Its own group, so killing the group reaches everything it started.
-        .process_group(0)
-        .kill_on_drop(true);
-    let mut child = command
-        .spawn()
-        .map_err(|source| RunCommandError::Spawn { program: program.clone(), source })?;
-    let mut group = ProcessGroup {
-        pgid: child.id().and_then(|id| i32::try_from(id).ok()).map(nix::unistd::Pid::from_raw),
+) -> Result<ProcessOutput, RunError> {
+    let program = argv.first().map(String::as_str).unwrap_or_default();
+    let mut command = tokio::process::Command::new(program);
+    command.args(argv.iter().skip(1)).envs(env.iter().copied());
+    let options = fleetmend_process::Options {
+        tail_bytes: OUTPUT_CAPTURE_BYTES,
+        output_grace: OUTPUT_DRAIN_GRACE,
+        // A cancelled or finished workflow must not leave an `ipmitool` behind.
+        leftovers: fleetmend_process::Leftovers::Kill,
+        ..fleetmend_process::Options::new(timeout)
     };
-    let stdout_tail = SharedTail::default();
-    let stderr_tail = SharedTail::default();
-    let readers: Vec<JoinHandle<()>> = [
-        spawn_reader(child.stdout.take(), stdout_tail.clone()),
-        spawn_reader(child.stderr.take(), stderr_tail.clone()),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-
-    let deadline = Instant::now() + timeout;
-    let status = match tokio::time::timeout_at(deadline, child.wait()).await {
-        Ok(Ok(status)) => status,
-        Ok(Err(source)) => {
-            group.kill();
-            return Err(RunCommandError::Wait { program, source });
-        }
-        Err(_elapsed) => {
-            group.kill();
-            let _ = tokio::time::timeout(REAP_TIMEOUT, child.wait()).await;
-            drain_readers(readers, Instant::now() + OUTPUT_DRAIN_GRACE, &group).await;
-            group.disarm();
-            return Err(RunCommandError::TimedOut {
-                program,
-                timeout,
-                stdout: lock(&stdout_tail).snapshot().0,
-                stderr: lock(&stderr_tail).snapshot().0,
-            });
-        }
-    };
-    drain_readers(readers, Instant::now() + OUTPUT_DRAIN_GRACE, &group).await;
-    // The leader is reaped and its pipes are closed or their holders killed: nothing of the
-    // group is left to kill, and its id may be reused.
-    group.disarm();
-    let (stdout, stdout_truncated) = lock(&stdout_tail).snapshot();
-    let (stderr, stderr_truncated) = lock(&stderr_tail).snapshot();
-    Ok(CommandOutput { status, stdout, stderr, truncated: stdout_truncated || stderr_truncated })
+    fleetmend_process::run(command, &options).await
 }
 
 /// "exit code 3" / "killed by signal 9".
@@ -391,7 +233,7 @@ impl CommandProvider {
         template: &CommandTemplate,
         node: &str,
         timeout: Duration,
-    ) -> Result<CommandOutput, ProviderError> {
+    ) -> Result<ProcessOutput, ProviderError> {
         let failed = |message: String| ProviderError::Failed {
             provider: PROVIDER,
             operation,
@@ -405,11 +247,11 @@ impl CommandProvider {
         let env = [("FLEETMEND_NODE", node), ("FLEETMEND_OPERATION", operation)];
         let output = match run_command(&argv, &env, timeout).await {
             Ok(output) => output,
-            Err(RunCommandError::TimedOut { stderr, .. }) => {
+            Err(RunError::TimedOut { stderr, .. }) => {
                 tracing::warn!(
                     node,
                     operation,
-                    stderr = tail_of(&stderr, ERROR_STDERR_TAIL_BYTES),
+                    stderr = tail_of(&stderr.text(), ERROR_STDERR_TAIL_BYTES),
                     "the provider command timed out; its process group was killed"
                 );
                 return Err(ProviderError::Timeout {
@@ -422,7 +264,8 @@ impl CommandProvider {
             Err(error) => return Err(failed(error.to_string())),
         };
         if !output.status.success() {
-            let stderr = tail_of(&output.stderr, ERROR_STDERR_TAIL_BYTES);
+            let stderr = output.stderr.text();
+            let stderr = tail_of(&stderr, ERROR_STDERR_TAIL_BYTES);
             let stderr = if stderr.is_empty() { "(no stderr)" } else { stderr };
             return Err(failed(format!(
                 "{program:?} failed with {}: {stderr}",
@@ -461,7 +304,8 @@ impl Provider for CommandProvider {
                 node: node.to_owned(),
                 message,
             };
-            let Some(new_node) = last_line(&output.stdout) else {
+            let stdout = output.stdout.text();
+            let Some(new_node) = last_line(&stdout) else {
                 return Err(failed(
                     "the replace command exited 0 but printed no new node name".to_owned(),
                 ));
@@ -484,14 +328,15 @@ impl Provider for CommandProvider {
             };
             let output =
                 self.run("power_state", template, node, self.config.power_state_timeout).await?;
-            parse_power_state(&output.stdout).ok_or_else(|| ProviderError::Failed {
+            let stdout = output.stdout.text();
+            parse_power_state(&stdout).ok_or_else(|| ProviderError::Failed {
                 provider: PROVIDER,
                 operation: "power_state",
                 node: node.to_owned(),
                 message: format!(
                     "cannot read a power state (on, off, powering-on, powering-off, unknown) \
                      from the output {:?}",
-                    tail_of(&output.stdout, 200)
+                    tail_of(&stdout, 200)
                 ),
             })
         })
@@ -577,77 +422,6 @@ mod tests {
         assert_eq!(parse_power_state("UNKNOWN"), Some(PowerState::Unknown));
         assert_eq!(parse_power_state("it is complicated"), None);
         assert_eq!(parse_power_state(""), None);
-    }
-
-    #[test]
-    fn output_tail_keeps_the_end() {
-        let mut tail = OutputTail::default();
-        for _ in 0..10 {
-            tail.push(&[b'a'; 20_000]);
-        }
-        tail.push(b"the end");
-        let (text, truncated) = tail.snapshot();
-        assert!(truncated);
-        assert_eq!(text.len(), OUTPUT_CAPTURE_BYTES);
-        assert!(text.ends_with("the end"));
-    }
-
-    #[tokio::test]
-    async fn output_is_captured_and_bounded() {
-        let script = "printf 'first\\nsecond\\n'; echo oops >&2; \
-                      head -c 200000 /dev/zero | tr '\\0' x >&2; echo last-words >&2";
-        let output =
-            run_command(&argv(&["sh", "-c", script]), &[], Duration::from_secs(20)).await.unwrap();
-        assert!(output.status.success());
-        assert_eq!(output.stdout, "first\nsecond\n");
-        assert!(output.truncated);
-        assert_eq!(output.stderr.len(), OUTPUT_CAPTURE_BYTES);
-        assert!(output.stderr.ends_with("last-words\n"), "{}", tail_of(&output.stderr, 40));
-    }
-
-    #[tokio::test]
-    async fn environment_names_the_node() {
-        let output = run_command(
-            &argv(&["sh", "-c", "echo $FLEETMEND_NODE"]),
-            &[("FLEETMEND_NODE", "n1")],
-            Duration::from_secs(20),
-        )
-        .await
-        .unwrap();
-        assert_eq!(output.stdout, "n1\n");
-    }
-
-    fn process_alive(pid: i32) -> bool {
-        // Signal 0 checks existence; a zombie still counts, so look at its state too.
-        if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err() {
-            return false;
-        }
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|stat| {
-                let state = stat.rsplit(')').next().unwrap_or_default().trim_start();
-                !state.starts_with('Z')
-            })
-            .unwrap_or(false)
-    }
-
-    #[tokio::test]
-    async fn timeout_kills_the_whole_process_group() {
-        let dir = tempfile::tempdir().unwrap();
-        let pid_file = dir.path().join("grandchild.pid");
-        // The shell starts a grandchild that would outlive a kill of the shell alone.
-        let script = format!("sleep 600 & echo $! > {}; wait", pid_file.display());
-        let started = std::time::Instant::now();
-        let error = run_command(&argv(&["sh", "-c", &script]), &[], Duration::from_millis(700))
-            .await
-            .unwrap_err();
-        assert!(matches!(error, RunCommandError::TimedOut { .. }), "{error}");
-        assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
-        let pid: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while process_alive(pid) {
-            assert!(std::time::Instant::now() < deadline, "grandchild {pid} survived the timeout");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
     }
 
     #[tokio::test]

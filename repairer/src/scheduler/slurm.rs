@@ -1,0 +1,869 @@
+//! The Slurm scheduler backend: drives a real Slurm cluster through its client commands
+//! (`scontrol`, `squeue`, `scancel`), each call with a timeout and its stderr in the error.
+//!
+//! Drains carry an owned reason (`fleetmend: ...`); undrain resumes only nodes whose reason is
+//! fleetmend's, never an admin's drain. Requeue starts the job at once instead of leaving it
+//! ineligible for Slurm's ~120 s BeginTime.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use fleetmend_process::RunError;
+use serde::Deserialize;
+use tokio::time::Instant;
+
+use crate::scheduler::{
+    BoxFuture, DRAIN_REASON_PREFIX, JobRef, Scheduler, SchedulerError, UndrainOutcome,
+};
+
+const NAME: &str = "slurm";
+
+/// Longest stderr kept in an error, in bytes.
+const STDERR_LIMIT: usize = 2048;
+
+/// Most output kept of one Slurm command, per stream; a command that prints more fails rather
+/// than answer with a cut list.
+const OUTPUT_LIMIT: usize = 4 * 1024 * 1024;
+
+/// First pause before retrying a command that could not reach slurmctld (doubles up to
+/// `controller_retry_max_backoff`).
+const FIRST_RETRY_BACKOFF: Duration = Duration::from_millis(250);
+
+/// What Slurm's clients print when slurmctld cannot be reached: the command did nothing.
+const CONTROLLER_UNREACHABLE: &str = "Unable to contact slurm controller";
+
+/// How often requeue looks at a job that is still completing.
+const REQUEUE_POLL: Duration = Duration::from_millis(100);
+
+/// `[slurm]`: how the repairer reaches Slurm (used when `scheduler = "slurm"`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SlurmConfig {
+    /// Directory of the Slurm client commands (`scontrol`, `squeue`, `scancel`). Unset: they are
+    /// found on `PATH`.
+    pub bin_dir: Option<PathBuf>,
+    /// `SLURM_CONF` for every call. Unset: the repairer's own environment, else Slurm's default
+    /// (`/etc/slurm/slurm.conf`).
+    pub slurm_conf: Option<PathBuf>,
+    /// fleetmend node name → Slurm node name, where they differ. Nodes not listed have the same
+    /// name in both.
+    pub node_names: BTreeMap<String, String>,
+    /// Longest one Slurm command may take before it is killed and the call fails. Above Slurm's
+    /// own `MessageTimeout` (10 s by default), so that an unreachable slurmctld shows as Slurm's
+    /// error rather than a timeout.
+    #[serde(with = "humantime_serde")]
+    pub command_timeout: Duration,
+    /// How long a command that could not reach slurmctld is retried (capped exponential backoff
+    /// with jitter) before the call fails; zero: never retried.
+    #[serde(with = "humantime_serde")]
+    pub controller_retry_for: Duration,
+    /// Longest pause between two retries while slurmctld is unreachable.
+    #[serde(with = "humantime_serde")]
+    pub controller_retry_max_backoff: Duration,
+    /// Longest requeue waits for the job to leave `COMPLETING` before it starts it at once.
+    #[serde(with = "humantime_serde")]
+    pub requeue_settle_timeout: Duration,
+}
+
+impl Default for SlurmConfig {
+    fn default() -> Self {
+        SlurmConfig {
+            bin_dir: None,
+            slurm_conf: None,
+            node_names: BTreeMap::new(),
+            command_timeout: Duration::from_secs(30),
+            controller_retry_for: Duration::from_secs(120),
+            controller_retry_max_backoff: Duration::from_secs(5),
+            requeue_settle_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl SlurmConfig {
+    /// Every problem, each naming its field under `prefix`.
+    pub fn problems(&self, prefix: &str) -> Vec<(String, String)> {
+        let mut problems = Vec::new();
+        if self.command_timeout.is_zero() {
+            problems.push((
+                format!("{prefix}.command_timeout"),
+                "must be greater than zero".to_owned(),
+            ));
+        }
+        if self.requeue_settle_timeout.is_zero() {
+            problems.push((
+                format!("{prefix}.requeue_settle_timeout"),
+                "must be greater than zero".to_owned(),
+            ));
+        }
+        if self.controller_retry_max_backoff.is_zero() {
+            problems.push((
+                format!("{prefix}.controller_retry_max_backoff"),
+                "must be greater than zero".to_owned(),
+            ));
+        }
+        let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
+        for (node, slurm_name) in &self.node_names {
+            let field = format!("{prefix}.node_names.{node}");
+            if !is_plain_name(node) {
+                problems.push((field.clone(), "the fleetmend name is not a node name".to_owned()));
+            }
+            if !is_plain_name(slurm_name) {
+                problems.push((field.clone(), format!("{slurm_name:?} is not a Slurm node name")));
+            }
+            if let Some(other) = seen.insert(slurm_name, node) {
+                problems.push((
+                    field,
+                    format!("Slurm node {slurm_name:?} is already the name of {other:?}"),
+                ));
+            }
+        }
+        problems
+    }
+}
+
+/// A name Slurm's commands take as one node (not a list, not an option, no spaces).
+pub fn is_plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('-')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// What [`SlurmScheduler::drain_unless_drained`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OwnDrain {
+    /// Drained now, with the reason given.
+    Drained,
+    /// It was drained already, with this reason (if it has one).
+    AlreadyDrained(Option<String>),
+}
+
+/// Longest drain reason a node gives itself, in characters (`sinfo -R` shows it on one line).
+pub const OWN_DRAIN_REASON_MAX_CHARS: usize = 160;
+
+/// `fleetmend: xid 79 on GPU 3; gpu_access on GPU 3; ...`: the failing findings, short, each
+/// once, on one line, cut to [`OWN_DRAIN_REASON_MAX_CHARS`].
+pub fn own_drain_reason(findings: &[fleetmend_proto::Finding]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for finding in findings.iter().filter(|f| f.status == fleetmend_proto::Status::Fail) {
+        let mut part = match finding.labels.get("xid") {
+            Some(code) if finding.finding == "xid" => format!("xid {code}"),
+            _ => finding.finding.clone(),
+        };
+        let subject = finding.subject.as_str();
+        if finding.check == "gpu"
+            && !subject.is_empty()
+            && subject.bytes().all(|b| b.is_ascii_digit())
+        {
+            part.push_str(&format!(" on GPU {subject}"));
+        } else if !subject.is_empty() {
+            part.push_str(&format!(" on {subject}"));
+        }
+        if !parts.contains(&part) {
+            parts.push(part);
+        }
+    }
+    let summary = if parts.is_empty() { "unhealthy".to_owned() } else { parts.join("; ") };
+    // One line of plain text: Slurm stores it as given.
+    let summary: String = summary.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    let reason = format!("{DRAIN_REASON_PREFIX}{summary}");
+    if reason.chars().count() <= OWN_DRAIN_REASON_MAX_CHARS {
+        return reason;
+    }
+    let mut cut: String = reason.chars().take(OWN_DRAIN_REASON_MAX_CHARS - 3).collect();
+    cut.push_str("...");
+    cut
+}
+
+/// What `scontrol show node` says about a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlurmNode {
+    /// `State=`, e.g. `IDLE+DRAIN`.
+    pub state: String,
+    /// `Reason=` without the `[user@time]` stamp Slurm appends; `None` when it has none.
+    pub reason: Option<String>,
+}
+
+impl SlurmNode {
+    /// The base state and flags, upper case (`IDLE`, `DRAIN`, `NOT_RESPONDING`...).
+    pub fn state_words(&self) -> impl Iterator<Item = &str> {
+        self.state.split('+')
+    }
+
+    /// Drained or draining.
+    pub fn is_drained(&self) -> bool {
+        self.state_words().any(|w| w == "DRAIN")
+    }
+
+    /// Out of scheduling for any reason fleetmend could have to undo (drained, down, failed).
+    fn is_out(&self) -> bool {
+        self.state_words().any(|w| matches!(w, "DRAIN" | "DOWN" | "FAIL" | "FAILING"))
+    }
+
+    /// A reboot asked of Slurm that has not completed, or a node whose slurmd does not answer.
+    fn is_rebooting(&self) -> bool {
+        self.state_words().any(|w| {
+            matches!(w, "REBOOT_REQUESTED" | "REBOOT_ISSUED" | "NOT_RESPONDING" | "POWERING_UP")
+        }) || self.state.contains('*')
+    }
+
+    fn reason_is_ours(&self) -> bool {
+        self.reason.as_deref().is_some_and(|r| r.starts_with(DRAIN_REASON_PREFIX))
+    }
+}
+
+/// Parses `scontrol show node NODE` (the multi-line form).
+pub fn parse_show_node(text: &str) -> Option<SlurmNode> {
+    let mut state = None;
+    let mut reason = None;
+    for line in text.lines() {
+        let line = line.trim();
+        if let Some(value) = line.strip_prefix("Reason=") {
+            // "maintenance now [root@2026-11-29T21:47:06]": the stamp is the last " [".
+            let value = match value.rfind(" [") {
+                Some(at) if value.ends_with(']') => &value[..at],
+                _ => value,
+            };
+            if !value.is_empty() && value != "(null)" {
+                reason = Some(value.to_owned());
+            }
+            continue;
+        }
+        for token in line.split_whitespace() {
+            if let Some(value) = token.strip_prefix("State=") {
+                state = Some(value.to_owned());
+            }
+        }
+    }
+    Some(SlurmNode { state: state?, reason })
+}
+
+/// A Slurm command's result.
+struct Output {
+    stdout: String,
+}
+
+/// The Slurm backend.
+#[derive(Debug, Clone)]
+pub struct SlurmScheduler {
+    config: SlurmConfig,
+    /// Slurm node name → fleetmend node name.
+    from_slurm: BTreeMap<String, String>,
+}
+
+impl SlurmScheduler {
+    pub fn new(config: SlurmConfig) -> SlurmScheduler {
+        let from_slurm =
+            config.node_names.iter().map(|(ours, theirs)| (theirs.clone(), ours.clone())).collect();
+        SlurmScheduler { config, from_slurm }
+    }
+
+    /// The Slurm name of fleetmend's `node`.
+    pub fn slurm_name<'a>(&'a self, node: &'a str) -> &'a str {
+        self.config.node_names.get(node).map_or(node, String::as_str)
+    }
+
+    /// fleetmend's name of Slurm's `node`.
+    pub fn fleetmend_name<'a>(&'a self, node: &'a str) -> &'a str {
+        self.from_slurm.get(node).map_or(node, String::as_str)
+    }
+
+    /// The settings it runs with.
+    pub fn config(&self) -> &SlurmConfig {
+        &self.config
+    }
+
+    /// Runs one Slurm command about fleetmend's `node` (with the timeout, and retried while
+    /// slurmctld is unreachable); its stdout. Slurm's "not found" is
+    /// [`SchedulerError::UnknownNode`]. For other users of Slurm's commands (the `slurm`
+    /// provider).
+    pub(crate) async fn run_for_node(
+        &self,
+        operation: &'static str,
+        node: &str,
+        program: &str,
+        args: &[&str],
+    ) -> Result<String, SchedulerError> {
+        self.run(operation, program, args)
+            .await
+            .map(|output| output.stdout)
+            .map_err(|failure| failure.node_error(node))
+    }
+
+    fn program(&self, name: &str) -> PathBuf {
+        match &self.config.bin_dir {
+            Some(dir) => dir.join(name),
+            None => PathBuf::from(name),
+        }
+    }
+
+    /// Runs one Slurm command; while slurmctld cannot be reached (the command did nothing) it is
+    /// retried with capped exponential backoff and jitter for `controller_retry_for`.
+    async fn run(
+        &self,
+        operation: &'static str,
+        program: &str,
+        args: &[&str],
+    ) -> Result<Output, CommandFailure> {
+        let deadline = Instant::now() + self.config.controller_retry_for;
+        let mut backoff = FIRST_RETRY_BACKOFF.min(self.config.controller_retry_max_backoff);
+        let mut attempt = 1u32;
+        loop {
+            match self.run_once(operation, program, args).await {
+                Err(CommandFailure::Exit { stderr, line, status, .. })
+                    if stderr.contains(CONTROLLER_UNREACHABLE) =>
+                {
+                    // Full jitter over the upper half: retries from many calls spread out.
+                    let pause = backoff.mul_f64(0.5 + fastrand::f64() / 2.0);
+                    if Instant::now() + pause >= deadline {
+                        return Err(CommandFailure::Exit {
+                            operation,
+                            line,
+                            status,
+                            stderr: format!(
+                                "{stderr} (slurmctld unreachable; gave up after {attempt} attempts)"
+                            ),
+                        });
+                    }
+                    tracing::warn!(
+                        operation,
+                        command = %line,
+                        attempt,
+                        retry_in = ?pause,
+                        "slurmctld unreachable; retrying"
+                    );
+                    tokio::time::sleep(pause).await;
+                    backoff =
+                        backoff.saturating_mul(2).min(self.config.controller_retry_max_backoff);
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Runs one Slurm command with the configured timeout; a non-zero exit is an error with
+    /// the command and its stderr.
+    async fn run_once(
+        &self,
+        operation: &'static str,
+        program: &str,
+        args: &[&str],
+    ) -> Result<Output, CommandFailure> {
+        let path = self.program(program);
+        let mut command = tokio::process::Command::new(&path);
+        command.args(args);
+        if let Some(conf) = &self.config.slurm_conf {
+            command.env("SLURM_CONF", conf);
+        }
+        let line = format!("{} {}", path.display(), args.join(" "));
+        let options = fleetmend_process::Options {
+            tail_bytes: OUTPUT_LIMIT,
+            ..fleetmend_process::Options::new(self.config.command_timeout)
+        };
+        let failed = |message: String| {
+            CommandFailure::Error(SchedulerError::Failed { scheduler: NAME, operation, message })
+        };
+        let output = match fleetmend_process::run(command, &options).await {
+            Ok(output) => output,
+            Err(RunError::Spawn { source, .. }) => {
+                return Err(failed(format!("starting {line}: {source}")));
+            }
+            Err(RunError::Wait { source, .. }) => {
+                return Err(failed(format!("waiting for {line}: {source}")));
+            }
+            Err(RunError::TimedOut { .. }) => {
+                return Err(CommandFailure::Error(SchedulerError::Timeout {
+                    scheduler: NAME,
+                    operation,
+                }));
+            }
+        };
+        if output.stdout.is_truncated() {
+            // A cut list of jobs or nodes would read as a shorter one.
+            return Err(failed(format!("{line} printed more than {OUTPUT_LIMIT} bytes")));
+        }
+        if output.status.success() {
+            return Ok(Output { stdout: output.stdout.text() });
+        }
+        let mut stderr = output.stderr.text().trim().to_owned();
+        if stderr.len() > STDERR_LIMIT {
+            let mut cut = STDERR_LIMIT;
+            while !stderr.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            stderr.truncate(cut);
+            stderr.push_str("...");
+        }
+        // Some "not found" answers come on stdout (`scontrol show node`).
+        if stderr.is_empty() {
+            stderr = output.stdout.text().trim().chars().take(STDERR_LIMIT).collect();
+        }
+        Err(CommandFailure::Exit { operation, line, status: output.status.to_string(), stderr })
+    }
+
+    /// What Slurm says about fleetmend's `node`.
+    pub async fn show_node(&self, node: &str) -> Result<SlurmNode, SchedulerError> {
+        self.show_node_for("show_node", node).await
+    }
+
+    /// Drains `node` with `reason` unless it is drained already, whoever drained it (they keep
+    /// their reason): what a node's own health check does (`fleetmend agent --once
+    /// --slurm-drain`).
+    pub async fn drain_unless_drained(
+        &self,
+        node: &str,
+        reason: &str,
+    ) -> Result<OwnDrain, SchedulerError> {
+        let current = self.show_node(node).await?;
+        if current.is_drained() {
+            return Ok(OwnDrain::AlreadyDrained(current.reason));
+        }
+        self.drain(node, reason).await?;
+        Ok(OwnDrain::Drained)
+    }
+
+    pub(crate) async fn show_node_for(
+        &self,
+        operation: &'static str,
+        node: &str,
+    ) -> Result<SlurmNode, SchedulerError> {
+        let name = self.slurm_name(node);
+        let output = self
+            .run(operation, "scontrol", &["show", "node", name])
+            .await
+            .map_err(|failure| failure.node_error(node))?;
+        parse_show_node(&output.stdout).ok_or_else(|| SchedulerError::Failed {
+            scheduler: NAME,
+            operation,
+            message: format!("scontrol show node {name}: no State= in {:?}", output.stdout),
+        })
+    }
+
+    /// The state (`PENDING`, `RUNNING`, `COMPLETING`...) of `job`.
+    pub async fn job_state(&self, job: &str) -> Result<String, SchedulerError> {
+        self.job_state_for("job_state", job).await
+    }
+
+    async fn job_state_for(
+        &self,
+        operation: &'static str,
+        job: &str,
+    ) -> Result<String, SchedulerError> {
+        check_job_id(operation, job)?;
+        let output = self
+            .run(operation, "squeue", &["-h", "-t", "all", "-j", job, "-o", "%T"])
+            .await
+            .map_err(|failure| failure.job_error(job))?;
+        output
+            .stdout
+            .lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .map(str::to_owned)
+            .ok_or_else(|| SchedulerError::UnknownJob { scheduler: NAME, job: job.to_owned() })
+    }
+}
+
+/// Job ids go to Slurm's commands as arguments: only plain ids (`123`, `123_4` array tasks).
+fn check_job_id(operation: &'static str, job: &str) -> Result<(), SchedulerError> {
+    if !job.is_empty() && job.chars().all(|c| c.is_ascii_digit() || c == '_') {
+        Ok(())
+    } else {
+        Err(SchedulerError::Failed {
+            scheduler: NAME,
+            operation,
+            message: format!("{job:?} is not a Slurm job id"),
+        })
+    }
+}
+
+/// A command that did not succeed, before it is known what it was about.
+enum CommandFailure {
+    Error(SchedulerError),
+    Exit { operation: &'static str, line: String, status: String, stderr: String },
+}
+
+impl CommandFailure {
+    fn into_error(self) -> SchedulerError {
+        match self {
+            CommandFailure::Error(err) => err,
+            CommandFailure::Exit { operation, line, status, stderr } => SchedulerError::Failed {
+                scheduler: NAME,
+                operation,
+                message: format!("{line}: {status}: {stderr}"),
+            },
+        }
+    }
+
+    /// Slurm's "Node X not found" becomes [`SchedulerError::UnknownNode`].
+    fn node_error(self, node: &str) -> SchedulerError {
+        match &self {
+            CommandFailure::Exit { stderr, .. }
+                if stderr.contains("not found") || stderr.contains("Invalid node name") =>
+            {
+                SchedulerError::UnknownNode { scheduler: NAME, node: node.to_owned() }
+            }
+            _ => self.into_error(),
+        }
+    }
+
+    /// Slurm's "Invalid job id specified" becomes [`SchedulerError::UnknownJob`].
+    fn job_error(self, job: &str) -> SchedulerError {
+        match &self {
+            CommandFailure::Exit { stderr, .. } if stderr.contains("Invalid job id") => {
+                SchedulerError::UnknownJob { scheduler: NAME, job: job.to_owned() }
+            }
+            _ => self.into_error(),
+        }
+    }
+}
+
+impl Scheduler for SlurmScheduler {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn drain<'a>(
+        &'a self,
+        node: &'a str,
+        reason: &'a str,
+    ) -> BoxFuture<'a, Result<(), SchedulerError>> {
+        Box::pin(async move {
+            let current = self.show_node_for("drain", node).await?;
+            // Already drained: by fleetmend (idempotent), or by an admin whose reason stays.
+            if current.is_drained() {
+                return Ok(());
+            }
+            let name = self.slurm_name(node);
+            let reason_arg = format!("Reason={reason}");
+            let name_arg = format!("NodeName={name}");
+            self.run("drain", "scontrol", &["update", &name_arg, "State=DRAIN", &reason_arg])
+                .await
+                .map_err(|failure| failure.node_error(node))?;
+            Ok(())
+        })
+    }
+
+    fn undrain<'a>(
+        &'a self,
+        node: &'a str,
+    ) -> BoxFuture<'a, Result<UndrainOutcome, SchedulerError>> {
+        Box::pin(async move {
+            let current = self.show_node_for("undrain", node).await?;
+            if !current.is_out() {
+                return Ok(UndrainOutcome::NotDrained);
+            }
+            if !current.reason_is_ours() {
+                return Ok(UndrainOutcome::DrainedByOther(current.reason.unwrap_or_default()));
+            }
+            // A node whose reboot Slurm has not seen through yet: resuming it now would clear
+            // the reboot, and its slurmd's registration after the boot would then read as an
+            // unexpected reboot (DOWN, "Node unexpectedly rebooted", an admin's reason). The
+            // node's agent can report from the new boot before its slurmd registers: the
+            // caller retries once Slurm has it back.
+            if current.is_rebooting() {
+                return Err(SchedulerError::Failed {
+                    scheduler: NAME,
+                    operation: "undrain",
+                    message: format!(
+                        "{node} is still rebooting in Slurm (State={}): resumed once its slurmd \
+                         registers",
+                        current.state
+                    ),
+                });
+            }
+            let name_arg = format!("NodeName={}", self.slurm_name(node));
+            self.run("undrain", "scontrol", &["update", &name_arg, "State=RESUME"])
+                .await
+                .map_err(|failure| failure.node_error(node))?;
+            Ok(UndrainOutcome::Undrained)
+        })
+    }
+
+    fn jobs_on<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<Vec<JobRef>, SchedulerError>> {
+        Box::pin(async move {
+            let name = self.slurm_name(node);
+            let output = self
+                .run(
+                    "jobs_on",
+                    "squeue",
+                    &["-h", "-w", name, "-t", "RUNNING,SUSPENDED,CONFIGURING", "-o", "%i|%N"],
+                )
+                .await
+                .map_err(|failure| failure.node_error(node))?;
+            let mut jobs = Vec::new();
+            for line in output.stdout.lines() {
+                let Some((id, nodelist)) = line.trim().split_once('|') else {
+                    continue;
+                };
+                let hostnames = self
+                    .run("jobs_on", "scontrol", &["show", "hostnames", nodelist])
+                    .await
+                    .map_err(CommandFailure::into_error)?;
+                let nodes = hostnames
+                    .stdout
+                    .lines()
+                    .map(str::trim)
+                    .filter(|n| !n.is_empty())
+                    .map(|n| self.fleetmend_name(n).to_owned())
+                    .collect();
+                jobs.push(JobRef { id: id.trim().to_owned(), nodes });
+            }
+            Ok(jobs)
+        })
+    }
+
+    fn checkpoint<'a>(&'a self, job: &'a str) -> BoxFuture<'a, Result<(), SchedulerError>> {
+        Box::pin(async move {
+            check_job_id("checkpoint", job)?;
+            // --full: the batch script and every step (plain --signal skips the batch shell).
+            self.run("checkpoint", "scancel", &["--signal=USR1", "--full", job])
+                .await
+                .map_err(|failure| failure.job_error(job))?;
+            Ok(())
+        })
+    }
+
+    fn requeue<'a>(&'a self, job: &'a str) -> BoxFuture<'a, Result<(), SchedulerError>> {
+        Box::pin(async move {
+            check_job_id("requeue", job)?;
+            self.run("requeue", "scontrol", &["requeue", job])
+                .await
+                .map_err(|failure| failure.job_error(job))?;
+            // Slurm sets BeginTime ~120 s ahead when the requeued job leaves COMPLETING; a
+            // StartTime set before then is overwritten, so wait for it to be pending first.
+            let deadline = Instant::now() + self.config.requeue_settle_timeout;
+            loop {
+                let state = self.job_state_for("requeue", job).await?;
+                if state != "COMPLETING" {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    return Err(SchedulerError::Failed {
+                        scheduler: NAME,
+                        operation: "requeue",
+                        message: format!(
+                            "job {job} still completing {:?} after the requeue; it will start \
+                             after Slurm's BeginTime",
+                            self.config.requeue_settle_timeout
+                        ),
+                    });
+                }
+                tokio::time::sleep(REQUEUE_POLL).await;
+            }
+            let job_arg = format!("JobId={job}");
+            self.run("requeue", "scontrol", &["update", &job_arg, "StartTime=now"])
+                .await
+                .map_err(|failure| failure.job_error(job))?;
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn failing(check: &str, finding: &str, subject: &str) -> fleetmend_proto::Finding {
+        let mut f = fleetmend_proto::Finding::ok(check, finding, subject);
+        f.status = fleetmend_proto::Status::Fail;
+        f
+    }
+
+    #[test]
+    fn an_own_drain_reason_names_each_failing_finding_once() {
+        let mut xid = failing("gpu", "xid", "3");
+        xid.labels.insert("xid".to_owned(), "79".to_owned());
+        let findings = [
+            xid.clone(),
+            xid,
+            failing("gpu", "gpu_access", "3"),
+            fleetmend_proto::Finding::ok("nic", "nic_down", "eth0"),
+            failing("host", "process_missing", "slurmd"),
+            failing("host", "memory_low", ""),
+        ];
+        assert_eq!(
+            own_drain_reason(&findings),
+            "fleetmend: xid 79 on GPU 3; gpu_access on GPU 3; process_missing on slurmd; memory_low"
+        );
+    }
+
+    #[test]
+    fn an_own_drain_reason_is_one_short_line() {
+        let findings: Vec<fleetmend_proto::Finding> =
+            (0..40).map(|i| failing("disk", "disk_full", &format!("/mnt/d{i}\nx"))).collect();
+        let reason = own_drain_reason(&findings);
+        assert_eq!(reason.chars().count(), OWN_DRAIN_REASON_MAX_CHARS, "{reason}");
+        assert!(reason.starts_with("fleetmend: disk_full on /mnt/d0 x; "), "{reason}");
+        assert!(reason.ends_with("..."), "{reason}");
+        assert!(!reason.contains('\n'));
+        assert_eq!(own_drain_reason(&[]), "fleetmend: unhealthy");
+    }
+
+    #[test]
+    fn plain_names_are_single_slurm_node_names() {
+        assert!(is_plain_name("node2"));
+        assert!(is_plain_name("gpu-a17.rack3"));
+        for bad in ["", "-n", "node[1-4]", "node1,node2", "a b"] {
+            assert!(!is_plain_name(bad), "{bad:?}");
+        }
+    }
+
+    const DRAINED: &str = "NodeName=node3 Arch=x86_64 CoresPerSocket=1 \n   CPUAlloc=0 CPUEfctv=2\n   \
+        State=IDLE+DRAIN ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A\n   \
+        Partitions=dev \n   Reason=maintenance now [root@2026-11-29T21:47:06]\n\n";
+
+    #[test]
+    fn parses_state_and_reason_without_the_stamp() {
+        let node = parse_show_node(DRAINED).unwrap();
+        assert_eq!(node.state, "IDLE+DRAIN");
+        assert_eq!(node.reason.as_deref(), Some("maintenance now"));
+        assert!(node.is_drained());
+        assert!(!node.reason_is_ours());
+        let ours = parse_show_node(
+            "   State=MIXED+DRAIN ThreadsPerCore=1\n   Reason=fleetmend: xid 79 [gpu 3] [root@2026-11-29T21:47:09]\n",
+        )
+        .unwrap();
+        assert_eq!(ours.reason.as_deref(), Some("fleetmend: xid 79 [gpu 3]"));
+        assert!(ours.reason_is_ours());
+        let idle = parse_show_node("   State=IDLE ThreadsPerCore=1\n").unwrap();
+        assert!(!idle.is_drained() && !idle.is_out());
+        assert_eq!(idle.reason, None);
+        let down = parse_show_node(
+            "   State=DOWN+NOT_RESPONDING x=1\n   Reason=Not responding [slurm@2026]\n",
+        )
+        .unwrap();
+        assert!(down.is_out() && !down.is_drained());
+        assert!(down.is_rebooting(), "slurmd does not answer");
+        assert!(!ours.is_rebooting() && !idle.is_rebooting());
+        let rebooting = parse_show_node(
+            "   State=DOWN+DRAIN+REBOOT_ISSUED x=1\n   Reason=fleetmend: reboot [root@2026]\n",
+        )
+        .unwrap();
+        assert!(rebooting.is_rebooting() && rebooting.reason_is_ours());
+        assert_eq!(parse_show_node("nothing here"), None);
+    }
+
+    #[test]
+    fn node_names_map_both_ways_identity_by_default() {
+        let mut config = SlurmConfig::default();
+        config.node_names.insert("gpu-a".to_owned(), "node1".to_owned());
+        let slurm = SlurmScheduler::new(config);
+        assert_eq!(slurm.slurm_name("gpu-a"), "node1");
+        assert_eq!(slurm.slurm_name("node2"), "node2");
+        assert_eq!(slurm.fleetmend_name("node1"), "gpu-a");
+        assert_eq!(slurm.fleetmend_name("node2"), "node2");
+    }
+
+    #[test]
+    fn validation_names_every_bad_field() {
+        let mut config = SlurmConfig {
+            command_timeout: Duration::ZERO,
+            requeue_settle_timeout: Duration::ZERO,
+            ..SlurmConfig::default()
+        };
+        config.node_names.insert("a".to_owned(), "node1".to_owned());
+        config.node_names.insert("b".to_owned(), "node1".to_owned());
+        config.node_names.insert("c".to_owned(), "node[1-2]".to_owned());
+        let fields: Vec<String> = config.problems("slurm").into_iter().map(|p| p.0).collect();
+        assert_eq!(
+            fields,
+            [
+                "slurm.command_timeout",
+                "slurm.requeue_settle_timeout",
+                "slurm.node_names.b",
+                "slurm.node_names.c"
+            ]
+        );
+        assert!(SlurmConfig::default().problems("slurm").is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_missing_command_is_an_error_naming_it() {
+        let slurm = SlurmScheduler::new(SlurmConfig {
+            bin_dir: Some(PathBuf::from("/nonexistent/slurm/bin")),
+            ..SlurmConfig::default()
+        });
+        let err = slurm.drain("node1", "fleetmend: test").await.unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/slurm/bin/scontrol"), "{err}");
+        let err = slurm.checkpoint("1; rm").await.unwrap_err();
+        assert!(err.to_string().contains("not a Slurm job id"), "{err}");
+    }
+
+    /// A fake `scontrol` that cannot reach slurmctld for its first `failures` calls, then
+    /// answers like a healthy idle node; it counts its calls in `calls`.
+    fn flaky_scontrol(dir: &std::path::Path, failures: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        let calls = dir.join("calls");
+        let script = format!(
+            "#!/bin/sh\necho x >> {calls}\nn=$(wc -l < {calls})\n\
+             if [ \"$n\" -le {failures} ]; then\n  \
+             echo 'slurm_load_node error: Unable to contact slurm controller (connect failure)' >&2\n  \
+             exit 1\nfi\necho '   State=IDLE ThreadsPerCore=1'\n",
+            calls = calls.display()
+        );
+        let path = dir.join("scontrol");
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    fn calls(dir: &std::path::Path) -> usize {
+        std::fs::read_to_string(dir.join("calls")).unwrap_or_default().lines().count()
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_controller_is_retried_until_it_answers_or_time_is_up() {
+        let dir = tempfile::tempdir().unwrap();
+        flaky_scontrol(dir.path(), 3);
+        let config = SlurmConfig {
+            bin_dir: Some(dir.path().to_owned()),
+            controller_retry_for: Duration::from_secs(20),
+            controller_retry_max_backoff: Duration::from_millis(100),
+            ..SlurmConfig::default()
+        };
+        let slurm = SlurmScheduler::new(config.clone());
+        // 3 failed reads, the read that answers, the drain itself.
+        slurm.drain("node1", "fleetmend: test").await.unwrap();
+        assert_eq!(calls(dir.path()), 5);
+
+        let dir = tempfile::tempdir().unwrap();
+        flaky_scontrol(dir.path(), 1000);
+        let slurm = SlurmScheduler::new(SlurmConfig {
+            bin_dir: Some(dir.path().to_owned()),
+            controller_retry_for: Duration::from_millis(600),
+            ..config
+        });
+        let started = std::time::Instant::now();
+        let err = slurm.undrain("node1").await.unwrap_err().to_string();
+        assert!(err.contains("Unable to contact slurm controller"), "{err}");
+        assert!(err.contains("gave up after"), "{err}");
+        assert!(calls(dir.path()) >= 2, "retried: {}", calls(dir.path()));
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn a_hanging_command_times_out_and_stderr_is_in_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, body: &str| {
+            use std::os::unix::fs::PermissionsExt;
+            let path = dir.path().join(name);
+            std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        };
+        write("scontrol", "exec sleep 30");
+        write("scancel", "echo 'scancel: error: Kill job error on job id 7: boom' >&2; exit 1");
+        let slurm = SlurmScheduler::new(SlurmConfig {
+            bin_dir: Some(dir.path().to_owned()),
+            command_timeout: Duration::from_millis(200),
+            ..SlurmConfig::default()
+        });
+        let started = std::time::Instant::now();
+        let err = slurm.undrain("node1").await.unwrap_err();
+        assert!(matches!(err, SchedulerError::Timeout { operation: "undrain", .. }), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let err = slurm.checkpoint("7").await.unwrap_err();
+        assert!(err.to_string().contains("boom"), "{err}");
+    }
+}
