@@ -2,16 +2,13 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use fleetmend_agent::config::{AgentConfig, ConfigError, ConfigProblems};
 use fleetmend_agent::daemon;
 use fleetmend_agent::gpu::parse_backend;
 use fleetmend_proto::{Finding, Verdict};
-use fleetmend_repairer::slurm::{
-    OwnDrain, SlurmConfig, SlurmScheduler, is_plain_name, own_drain_reason,
-};
+use fleetmend_repairer::scheduler::slurm::{SelfDrain, SelfDrainLimits, drain_self};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -402,7 +399,7 @@ fn parse_action(text: &str) -> Result<fleetmend_repairer::model::RuleAction, Str
 
 /// The client verbs: one request to the repairer's admin API, printed as a table or JSON.
 fn client(verb: Verb) -> ExitCode {
-    use fleetmend_repairer::client::{Client, events_table, jobs_table, nodes_table};
+    use fleetmend_repairer::client::{Client, Format, Request};
     let args = match &verb {
         Verb::Nodes(client)
         | Verb::Node { client, .. }
@@ -434,90 +431,37 @@ fn client(verb: Verb) -> ExitCode {
             std::time::Duration::from_secs(30),
         )
         .map_err(|e| e.to_string())?;
-        let json = args.output == Output::Json;
-        let show =
-            |value: serde_json::Value| serde_json::to_string_pretty(&value).unwrap_or_default();
+        let format = match args.output {
+            Output::Table => Format::Table,
+            Output::Json => Format::Json,
+        };
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0);
-        Ok(match verb {
-            Verb::Nodes(_) => {
-                let nodes = client.nodes().await.map_err(|e| e.to_string())?;
-                if json {
-                    show(serde_json::to_value(&nodes).unwrap_or_default())
-                } else {
-                    nodes_table(&nodes, now)
-                }
-            }
-            Verb::Node { name, .. } => show(
-                serde_json::to_value(client.node(&name).await.map_err(|e| e.to_string())?)
-                    .unwrap_or_default(),
-            ),
-            Verb::Events { node, after, limit, .. } => {
-                let events = client
-                    .events(after, node.as_deref(), limit)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                if json {
-                    show(serde_json::to_value(&events).unwrap_or_default())
-                } else {
-                    events_table(&events)
-                }
-            }
-            Verb::Drain(node) => show(client.drain(&node.name).await.map_err(|e| e.to_string())?),
-            Verb::Undrain(node) => {
-                show(client.undrain(&node.name).await.map_err(|e| e.to_string())?)
-            }
+        let request = match verb {
+            Verb::Nodes(_) => Request::Nodes,
+            Verb::Node { name, .. } => Request::Node(name),
+            Verb::Events { node, after, limit, .. } => Request::Events { node, after, limit },
+            Verb::Drain(node) => Request::Drain(node.name),
+            Verb::Undrain(node) => Request::Undrain(node.name),
             Verb::Repair { node, action } => {
-                let action = parse_action(&action)?;
-                show(client.repair(&node.name, action).await.map_err(|e| e.to_string())?)
+                Request::Repair { node: node.name, action: parse_action(&action)? }
             }
-            Verb::Approve { node, action } => {
-                let action = action.as_deref().map(parse_action).transpose()?;
-                show(client.approve(&node.name, action).await.map_err(|e| e.to_string())?)
-            }
-            Verb::Breaker { close, .. } => {
-                let state =
-                    if close { client.close_breaker().await } else { client.breaker().await }
-                        .map_err(|e| e.to_string())?;
-                show(serde_json::to_value(&state).unwrap_or_default())
-            }
-            Verb::Submit(submit) => {
-                let job = client.submit(&submit.spec()?).await.map_err(|e| e.to_string())?;
-                if json {
-                    show(serde_json::to_value(&job).unwrap_or_default())
-                } else {
-                    format!(
-                        "{} ({}) {}: {}",
-                        job.job.id, job.job.name, job.job.state, job.job.reason
-                    )
-                }
-            }
-            Verb::Jobs { job: Some(id), .. } => show(
-                serde_json::to_value(client.job(&id).await.map_err(|e| e.to_string())?)
-                    .unwrap_or_default(),
-            ),
-            Verb::Jobs { job: None, .. } => {
-                let jobs = client.jobs().await.map_err(|e| e.to_string())?;
-                if json {
-                    show(serde_json::to_value(&jobs).unwrap_or_default())
-                } else {
-                    jobs_table(&jobs)
-                }
-            }
-            Verb::Cancel { job, .. } => {
-                let job = client.cancel(&job).await.map_err(|e| e.to_string())?;
-                if json {
-                    show(serde_json::to_value(&job).unwrap_or_default())
-                } else {
-                    format!("{} {}: {}", job.job.id, job.job.state, job.job.reason)
-                }
-            }
+            Verb::Approve { node, action } => Request::Approve {
+                node: node.name,
+                action: action.as_deref().map(parse_action).transpose()?,
+            },
+            Verb::Breaker { close, .. } => Request::Breaker { close },
+            Verb::Submit(submit) => Request::Submit(submit.spec()?),
+            Verb::Jobs { job: Some(id), .. } => Request::Job(id),
+            Verb::Jobs { job: None, .. } => Request::Jobs,
+            Verb::Cancel { job, .. } => Request::Cancel(job),
             Verb::Agent(_) | Verb::Repairer(_) | Verb::Train(_) | Verb::Up(_) | Verb::Inject(_) => {
-                String::new()
+                return Ok(String::new());
             }
-        })
+        };
+        client.answer(request, format, now).await.map_err(|e| e.to_string())
     });
     match result {
         Ok(text) => {
@@ -609,53 +553,27 @@ fn agent(args: AgentArgs) -> ExitCode {
     }
 }
 
-/// `--slurm-drain`'s limits: Slurm kills a health check at 60 s, and a Prolog delays the job, so
-/// the whole run stays under 10 s even when slurmctld does not answer.
-const SLURM_DRAIN_COMMAND_TIMEOUT: Duration = Duration::from_secs(3);
-const SLURM_DRAIN_RETRY_FOR: Duration = Duration::from_secs(5);
-const SLURM_DRAIN_DEADLINE: Duration = Duration::from_secs(8);
-
 /// `--once --slurm-drain`'s exit code when the node is unhealthy but could not be drained: a
 /// Prolog that passes it on makes Slurm drain the node itself and requeue the job.
 const EXIT_DRAIN_FAILED: u8 = 3;
 
-/// Drains `node` in Slurm because of the failing `findings`; a node already drained (by
-/// fleetmend or an admin) keeps its reason. One line on stderr says what was done.
+/// Drains `node` in Slurm because of the failing `findings` and says so on stderr.
 async fn slurm_drain_self(node: &str, findings: &[Finding]) -> ExitCode {
-    if !is_plain_name(node) {
-        eprintln!(
-            "fleetmend agent: --slurm-node/SLURMD_NODENAME {node:?} is not a Slurm node name; \
-             the node is unhealthy and was not drained"
-        );
-        return ExitCode::from(EXIT_DRAIN_FAILED);
-    }
-    let reason = own_drain_reason(findings);
-    let slurm = SlurmScheduler::new(SlurmConfig {
-        command_timeout: SLURM_DRAIN_COMMAND_TIMEOUT,
-        controller_retry_for: SLURM_DRAIN_RETRY_FOR,
-        controller_retry_max_backoff: Duration::from_secs(1),
-        ..SlurmConfig::default()
-    });
-    let drained =
-        tokio::time::timeout(SLURM_DRAIN_DEADLINE, slurm.drain_unless_drained(node, &reason)).await;
-    match drained {
-        Ok(Ok(OwnDrain::Drained)) => eprintln!("drained {node}: {reason}"),
-        Ok(Ok(OwnDrain::AlreadyDrained(existing))) => {
-            eprintln!("{node} already drained: {}", existing.as_deref().unwrap_or("(no reason)"))
+    let outcome = drain_self(node, findings, SelfDrainLimits::default()).await;
+    match &outcome {
+        SelfDrain::Drained { .. } | SelfDrain::AlreadyDrained { .. } => eprintln!("{outcome}"),
+        SelfDrain::NotANodeName { .. } => {
+            eprintln!("fleetmend agent: --slurm-node/SLURMD_NODENAME {outcome}")
         }
-        Ok(Err(err)) => {
-            eprintln!("fleetmend agent: {node} is unhealthy but draining it failed: {err}");
-            return ExitCode::from(EXIT_DRAIN_FAILED);
-        }
-        Err(_) => {
-            eprintln!(
-                "fleetmend agent: {node} is unhealthy but draining it did not finish within {:?}",
-                SLURM_DRAIN_DEADLINE
-            );
-            return ExitCode::from(EXIT_DRAIN_FAILED);
+        SelfDrain::Failed { .. } | SelfDrain::TimedOut { .. } => {
+            eprintln!("fleetmend agent: {outcome}")
         }
     }
-    ExitCode::from(daemon::exit_code(Verdict::Unhealthy) as u8)
+    if outcome.is_drained() {
+        ExitCode::from(daemon::exit_code(Verdict::Unhealthy) as u8)
+    } else {
+        ExitCode::from(EXIT_DRAIN_FAILED)
+    }
 }
 
 /// The config file (or defaults) with the flags applied, validated.

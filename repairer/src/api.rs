@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::alerts::Alerts;
 use crate::config::Tokens;
-use crate::engine::{Engine, EngineError, NodeRecord, now_ms};
+use crate::engine::{Engine, EngineError, NodeRecord};
 use crate::inbound::{self, InboundConfig, SnsMessage};
 use crate::model::{Actor, Event, EventKind, FindingSource, RuleAction, Severity};
 use crate::workflow::Workflow;
@@ -281,7 +281,7 @@ async fn cloudwatch(
     let body = read_body(body, state.max_body_bytes)?;
     let message =
         inbound::parse_sns(&body, &state.inbound).map_err(|err| bad_request(err.to_string()))?;
-    let now = now_ms();
+    let now = state.engine.clock().now_ms();
     match message {
         SnsMessage::Alarm(Some(alert)) => {
             match state.engine.ingest_external(
@@ -322,7 +322,8 @@ async fn cloudwatch(
             );
             state
                 .engine
-                .record(event)
+                .events()
+                .record(&event)
                 .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
             if let Ok(mut list) = state.subscriptions.lock() {
                 list.push(Subscription { topic_arn, subscribe_url, received_ms: now });
@@ -404,7 +405,7 @@ async fn node_detail(
         .engine
         .node(&name)
         .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no node named {name}")))?;
-    let store = &state.engine.store;
+    let store = state.engine.store();
     let internal =
         |e: crate::store::StoreError| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
     let workflows = store.workflows_of(&name, 10).map_err(internal)?;
@@ -495,7 +496,7 @@ async fn events(
     let limit = query.limit.unwrap_or(500).min(10_000);
     let events = state
         .engine
-        .store
+        .store()
         .events(query.after.unwrap_or(0), query.node.as_deref(), limit)
         .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     Ok(axum::Json(events).into_response())
@@ -623,6 +624,13 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
     outcomes.insert("malformed", state.reports.malformed.load(Ordering::Relaxed));
     outcomes.insert("unauthorized", state.reports.unauthorized.load(Ordering::Relaxed));
     outcomes.insert("error", state.reports.failed.load(Ordering::Relaxed));
-    let body = crate::metrics::encode(&state.engine, state.alerts.as_deref(), &outcomes);
+    let body = crate::metrics::encode(&crate::metrics::Snapshot {
+        node_states: state.engine.state_counts(),
+        breaker_open: state.engine.breaker().open,
+        metrics: &state.engine.metrics,
+        alerts: state.alerts.as_deref(),
+        reports: &outcomes,
+        queue: state.queue.as_ref().map(|q| q.metrics()),
+    });
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
 }

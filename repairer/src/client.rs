@@ -178,6 +178,105 @@ impl Client {
     }
 }
 
+/// One client verb: a request to the admin API.
+#[derive(Debug, Clone)]
+pub enum Request {
+    Nodes,
+    Node(String),
+    Events {
+        node: Option<String>,
+        after: i64,
+        limit: usize,
+    },
+    Drain(String),
+    Undrain(String),
+    Repair {
+        node: String,
+        action: RuleAction,
+    },
+    Approve {
+        node: String,
+        action: Option<RuleAction>,
+    },
+    /// The breaker's state; `close`: close it first.
+    Breaker {
+        close: bool,
+    },
+    Submit(JobSpec),
+    Job(String),
+    Jobs,
+    Cancel(String),
+}
+
+/// How a client verb prints its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Lists as tables, a job as one line; everything else as JSON.
+    Table,
+    Json,
+}
+
+impl Client {
+    /// Sends `request`; its answer as the text to print. `now_ms` is what "ago" is measured from.
+    pub async fn answer(
+        &self,
+        request: Request,
+        format: Format,
+        now_ms: u64,
+    ) -> Result<String, ClientError> {
+        let table = format == Format::Table;
+        Ok(match request {
+            Request::Nodes => {
+                let nodes = self.nodes().await?;
+                if table { nodes_table(&nodes, now_ms) } else { pretty(&nodes) }
+            }
+            Request::Node(name) => pretty(&self.node(&name).await?),
+            Request::Events { node, after, limit } => {
+                let events = self.events(after, node.as_deref(), limit).await?;
+                if table { events_table(&events) } else { pretty(&events) }
+            }
+            Request::Drain(node) => pretty(&self.drain(&node).await?),
+            Request::Undrain(node) => pretty(&self.undrain(&node).await?),
+            Request::Repair { node, action } => pretty(&self.repair(&node, action).await?),
+            Request::Approve { node, action } => pretty(&self.approve(&node, action).await?),
+            Request::Breaker { close } => {
+                let state = if close { self.close_breaker().await } else { self.breaker().await }?;
+                pretty(&state)
+            }
+            Request::Submit(spec) => {
+                let job = self.submit(&spec).await?;
+                if table {
+                    format!(
+                        "{} ({}) {}: {}",
+                        job.job.id, job.job.name, job.job.state, job.job.reason
+                    )
+                } else {
+                    pretty(&job)
+                }
+            }
+            Request::Job(id) => pretty(&self.job(&id).await?),
+            Request::Jobs => {
+                let jobs = self.jobs().await?;
+                if table { jobs_table(&jobs) } else { pretty(&jobs) }
+            }
+            Request::Cancel(id) => {
+                let job = self.cancel(&id).await?;
+                if table {
+                    format!("{} {}: {}", job.job.id, job.job.state, job.job.reason)
+                } else {
+                    pretty(&job)
+                }
+            }
+        })
+    }
+}
+
+/// Indented JSON, keys in order (through `serde_json::Value`); `null` for what cannot be encoded.
+fn pretty(value: &impl serde::Serialize) -> String {
+    let value = serde_json::to_value(value).unwrap_or_default();
+    serde_json::to_string_pretty(&value).unwrap_or_default()
+}
+
 fn table(rows: Vec<Vec<String>>) -> String {
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let mut widths = vec![0; columns];

@@ -32,14 +32,14 @@ pub struct RepairerConfig {
     pub alerts_token: Option<String>,
     /// Largest request body accepted, in bytes.
     pub max_body_bytes: usize,
-    /// Which scheduler the repairer drives: `memory` keeps drain state in the repairer only (no
-    /// scheduler integrated yet, tests); `embedded` runs the bundled job queue (`[queue]`);
-    /// `slurm` drives a Slurm cluster (`[slurm]`).
+    /// Which scheduler the repairer drives: `embedded` (the default) runs the bundled job queue
+    /// (`[queue]`); `slurm` drives a Slurm cluster (`[slurm]`); `memory` is a stand-in that keeps
+    /// drains in the repairer's memory only, for dry runs of a policy and tests.
     pub scheduler: SchedulerKind,
     /// The embedded job queue (used when `scheduler = "embedded"`).
     pub queue: crate::queue::QueueConfig,
     /// How to reach Slurm (used when `scheduler = "slurm"`).
-    pub slurm: crate::slurm::SlurmConfig,
+    pub slurm: crate::scheduler::slurm::SlurmConfig,
     pub policy: Policy,
     pub engine: EngineConfig,
     pub provider: ProviderConfig,
@@ -52,9 +52,10 @@ pub struct RepairerConfig {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SchedulerKind {
-    #[default]
+    /// A stand-in: drains kept in memory, no jobs (dry runs, tests).
     Memory,
     /// The bundled job queue, inside the repairer.
+    #[default]
     Embedded,
     /// A Slurm cluster, through its client commands (`[slurm]`).
     Slurm,
@@ -96,9 +97,9 @@ impl Default for RepairerConfig {
             admin_token_file: None,
             alerts_token: None,
             max_body_bytes: 1 << 20,
-            scheduler: SchedulerKind::Memory,
+            scheduler: SchedulerKind::Embedded,
             queue: crate::queue::QueueConfig::default(),
-            slurm: crate::slurm::SlurmConfig::default(),
+            slurm: crate::scheduler::slurm::SlurmConfig::default(),
             policy: Policy::default(),
             engine: EngineConfig::default(),
             provider: ProviderConfig::default(),
@@ -118,15 +119,6 @@ pub enum RepairerConfigError {
     Parse { path: PathBuf, message: String },
     #[error("config {path} has {} problem(s):\n{}", problems.len(), problems.iter().map(|(f, m)| format!("  {f}: {m}")).collect::<Vec<_>>().join("\n"))]
     Invalid { path: PathBuf, problems: Vec<(String, String)> },
-}
-
-fn push_queue_url(problems: &mut Vec<(String, String)>) {
-    problems.push((
-        "queue.progress_base_url".to_owned(),
-        "must be set when listen is an unspecified address: ranks post their progress there and \
-         cannot connect to 0.0.0.0"
-            .to_owned(),
-    ));
 }
 
 /// The secrets, read from the config or their files.
@@ -193,12 +185,6 @@ impl RepairerConfig {
         }
         problems.extend(self.queue.problems("queue"));
         problems.extend(self.slurm.problems("slurm"));
-        if self.scheduler == SchedulerKind::Embedded
-            && self.listen.ip().is_unspecified()
-            && self.queue.progress_base_url.is_none()
-        {
-            push_queue_url(&mut problems);
-        }
         problems.extend(self.policy.problems("policy"));
         problems.extend(
             self.provider
@@ -284,17 +270,19 @@ mod tests {
     }
 
     #[test]
-    fn the_embedded_queue_needs_a_progress_url_on_an_unspecified_address() {
+    fn the_embedded_queue_is_the_default_and_names_this_host_on_an_unspecified_address() {
+        let config = RepairerConfig::parse("agent_token = \"a\"\nadmin_token = \"b\"").unwrap();
+        assert_eq!(config.scheduler, SchedulerKind::Embedded);
+        assert!(config.problems().is_empty(), "{:?}", config.problems());
+        let any: std::net::SocketAddr = "0.0.0.0:9830".parse().unwrap();
+        assert_eq!(config.queue.progress_base(any, "repairer-1"), "http://repairer-1:9830");
+        let loopback: std::net::SocketAddr = "127.0.0.1:9830".parse().unwrap();
+        assert_eq!(config.queue.progress_base(loopback, "repairer-1"), "http://127.0.0.1:9830");
         let config = RepairerConfig::parse(
-            "agent_token = \"a\"\nadmin_token = \"b\"\nscheduler = \"embedded\"",
+            "listen = \"127.0.0.1:9830\"\nscheduler = \"embedded\"\n[queue]\nstart_timeout = \"0s\"\nprogress_base_url = \"https://fleet.example:9830\"",
         )
         .unwrap();
-        let fields: Vec<String> = config.problems().into_iter().map(|p| p.0).collect();
-        assert_eq!(fields, ["queue.progress_base_url"]);
-        let config = RepairerConfig::parse(
-            "listen = \"127.0.0.1:9830\"\nscheduler = \"embedded\"\n[queue]\nstart_timeout = \"0s\"",
-        )
-        .unwrap();
+        assert_eq!(config.queue.progress_base(any, "repairer-1"), "https://fleet.example:9830");
         let fields: Vec<String> = config.problems().into_iter().map(|p| p.0).collect();
         assert_eq!(fields, ["queue.start_timeout"]);
     }

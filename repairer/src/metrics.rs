@@ -1,20 +1,25 @@
-//! The repairer's `/metrics`: node states, decisions, repairs, the breaker, time to drain and to
-//! repair, alerts and reports. Names in one place; labels from bounded sets only.
+//! The repairer's `/metrics`: node states, decisions, repairs, store errors, the breaker, time to
+//! drain and to repair, alerts, reports and the embedded queue. Names in one place; labels from
+//! bounded sets only.
+//!
+//! Counters and histograms are the prometheus crate's own, in a registry per [`RepairerMetrics`];
+//! figures that are a view of state (nodes by state, the breaker, the queue's jobs) are built at
+//! scrape time from a [`Snapshot`], as the agent builds its samples.
 
 use std::collections::BTreeMap;
-use std::sync::PoisonError;
 
-use prometheus::proto::{
-    Bucket, Counter, Gauge, Histogram as ProtoHistogram, LabelPair, Metric, MetricFamily,
-    MetricType,
-};
+use prometheus::core::Collector;
+use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
 
 use crate::alerts::Alerts;
-use crate::engine::Engine;
+use crate::model::{NodeState, RuleAction};
+use crate::queue::QueueMetrics;
 
 pub const NODES: &str = "fleetmend_nodes";
 pub const REPAIRS: &str = "fleetmend_repairs_total";
 pub const DECISIONS: &str = "fleetmend_decisions_total";
+pub const STORE_ERRORS: &str = "fleetmend_store_errors_total";
 pub const BREAKER_OPEN: &str = "fleetmend_breaker_open";
 pub const TIME_TO_DRAIN: &str = "fleetmend_time_to_drain_seconds";
 pub const TIME_TO_REPAIR: &str = "fleetmend_time_to_repair_seconds";
@@ -33,62 +38,234 @@ pub const JOB_CHECKPOINT_STEP: &str = "fleetmend_job_checkpoint_step";
 pub const JOB_CHECKPOINT_WRITE_SECONDS: &str = "fleetmend_job_checkpoint_write_seconds";
 pub const JOB_CHECKPOINT_STALL_SECONDS: &str = "fleetmend_job_checkpoint_stall_seconds";
 
-/// A fixed-bucket histogram (cumulative counts are computed when encoding).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Histogram {
-    bounds: &'static [f64],
-    counts: Vec<u64>,
-    sum: f64,
-    count: u64,
-}
-
 /// Seconds from a fault to its drain: sub-second is the goal.
 pub const DRAIN_BUCKETS: &[f64] = &[0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0];
 /// Seconds from a fault to the node back at work: minutes to hours.
 pub const REPAIR_BUCKETS: &[f64] =
     &[10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0];
-
 /// Seconds from a job's failure to its first step after the restart: seconds to an hour.
 pub const RESUME_BUCKETS: &[f64] =
     &[1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0];
 
-impl Histogram {
-    pub fn new(bounds: &'static [f64]) -> Histogram {
-        Histogram { bounds, counts: vec![0; bounds.len()], sum: 0.0, count: 0 }
-    }
+/// The store operations whose failures [`STORE_ERRORS`] counts (its `operation` label). Every one
+/// is exported from the start, at 0, so a rule can alert on an increase.
+pub const STORE_OPERATIONS: &[&str] =
+    &["append_event", "put_node", "insert_workflow", "update_workflow", "put_setting", "put_job"];
 
-    pub fn observe(&mut self, value: f64) {
-        if let Some(i) = self.bounds.iter().position(|b| value <= *b) {
-            self.counts[i] += 1;
+/// The repairer's counters and histograms, in a registry of their own (one per engine: tests and
+/// several repairers in one process never share series).
+///
+/// Names, labels and buckets are constants, so building the collectors cannot fail (the unit tests
+/// build them); were it to, the repairer logs it and runs without these series rather than
+/// refusing to start.
+#[derive(Debug)]
+pub struct RepairerMetrics {
+    registry: Registry,
+    collectors: Option<Collectors>,
+}
+
+#[derive(Debug)]
+struct Collectors {
+    decisions: IntCounterVec,
+    repairs: IntCounterVec,
+    store_errors: IntCounterVec,
+    time_to_drain: Histogram,
+    time_to_repair: Histogram,
+    /// Reports the engine took in. Not registered: `/metrics` shows the API's
+    /// [`REPORTS_RECEIVED`] by outcome, whose `ok` counts the same reports.
+    reports_ok: IntCounter,
+}
+
+impl Collectors {
+    fn register(registry: &Registry) -> Result<Collectors, prometheus::Error> {
+        let decisions = IntCounterVec::new(
+            Opts::new(
+                DECISIONS,
+                "Decisions by action and mode (enforce, dry-run, approve, alert, quarantine).",
+            ),
+            &["action", "mode"],
+        )?;
+        let repairs = IntCounterVec::new(
+            Opts::new(REPAIRS, "Finished repairs by action and outcome."),
+            &["action", "outcome"],
+        )?;
+        let store_errors = IntCounterVec::new(
+            Opts::new(STORE_ERRORS, "Failed writes to the repairer's store, by operation."),
+            &["operation"],
+        )?;
+        for operation in STORE_OPERATIONS {
+            store_errors.get_metric_with_label_values(&[*operation])?;
         }
-        self.sum += value;
-        self.count += 1;
+        let time_to_drain = histogram(
+            TIME_TO_DRAIN,
+            "Seconds from a node's first failing finding to its drain.",
+            DRAIN_BUCKETS,
+        )?;
+        let time_to_repair = histogram(
+            TIME_TO_REPAIR,
+            "Seconds from a node's first failing finding to the end of its repair.",
+            REPAIR_BUCKETS,
+        )?;
+        let reports_ok =
+            IntCounter::new("fleetmend_engine_reports_ok_total", "Reports the engine took in.")?;
+        registry.register(Box::new(decisions.clone()))?;
+        registry.register(Box::new(repairs.clone()))?;
+        registry.register(Box::new(store_errors.clone()))?;
+        registry.register(Box::new(time_to_drain.clone()))?;
+        registry.register(Box::new(time_to_repair.clone()))?;
+        Ok(Collectors {
+            decisions,
+            repairs,
+            store_errors,
+            time_to_drain,
+            time_to_repair,
+            reports_ok,
+        })
     }
+}
 
-    pub fn count(&self) -> u64 {
-        self.count
+fn histogram(name: &str, help: &str, buckets: &[f64]) -> Result<Histogram, prometheus::Error> {
+    Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
+}
+
+/// Adds one to the series of `values` (their number is fixed where the vector is built).
+fn inc(vec: &IntCounterVec, values: &[&str]) {
+    match vec.get_metric_with_label_values(values) {
+        Ok(counter) => counter.inc(),
+        Err(err) => tracing::error!(error = %err, ?values, "counting a metric failed"),
     }
+}
 
-    fn proto(&self) -> ProtoHistogram {
-        let mut histogram = ProtoHistogram::default();
-        let mut cumulative = 0;
-        let buckets = self
-            .bounds
-            .iter()
-            .zip(&self.counts)
-            .map(|(bound, count)| {
-                cumulative += count;
-                let mut bucket = Bucket::default();
-                bucket.set_upper_bound(*bound);
-                bucket.set_cumulative_count(cumulative);
-                bucket
+impl Default for RepairerMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RepairerMetrics {
+    pub fn new() -> RepairerMetrics {
+        let registry = Registry::new();
+        let collectors = Collectors::register(&registry)
+            .inspect_err(|err| {
+                tracing::error!(
+                    error = %err,
+                    "building the repairer's metrics failed: /metrics shows no decisions, \
+                     repairs, store errors or times to drain and repair"
+                );
             })
-            .collect();
-        histogram.set_bucket(buckets);
-        histogram.set_sample_sum(self.sum);
-        histogram.set_sample_count(self.count);
-        histogram
+            .ok();
+        RepairerMetrics { registry, collectors }
     }
+
+    /// A decision of the policy, in `mode` (enforce, dry-run, approve, alert, quarantine).
+    pub fn decision(&self, action: RuleAction, mode: &str) {
+        if let Some(c) = &self.collectors {
+            inc(&c.decisions, &[action.as_str(), mode]);
+        }
+    }
+
+    /// A finished repair and its outcome.
+    pub fn repair(&self, action: RuleAction, outcome: &str) {
+        if let Some(c) = &self.collectors {
+            inc(&c.repairs, &[action.as_str(), outcome]);
+        }
+    }
+
+    /// Seconds from a node's first failing finding to its drain.
+    pub fn time_to_drain(&self, seconds: f64) {
+        if let Some(c) = &self.collectors {
+            c.time_to_drain.observe(seconds);
+        }
+    }
+
+    /// Seconds from a node's first failing finding to the end of its repair.
+    pub fn time_to_repair(&self, seconds: f64) {
+        if let Some(c) = &self.collectors {
+            c.time_to_repair.observe(seconds);
+        }
+    }
+
+    /// A report the engine took in.
+    pub fn report_ok(&self) {
+        if let Some(c) = &self.collectors {
+            c.reports_ok.inc();
+        }
+    }
+
+    /// Reports the engine took in since it started.
+    pub fn reports_ok(&self) -> u64 {
+        self.collectors.as_ref().map_or(0, |c| c.reports_ok.get())
+    }
+
+    /// A failed store write; `operation` is one of [`STORE_OPERATIONS`].
+    pub fn store_error(&self, operation: &'static str) {
+        debug_assert!(STORE_OPERATIONS.contains(&operation), "{operation} is not listed");
+        if let Some(c) = &self.collectors {
+            inc(&c.store_errors, &[operation]);
+        }
+    }
+
+    fn families(&self) -> Vec<MetricFamily> {
+        self.registry.gather()
+    }
+}
+
+/// The embedded queue's seconds from a job's failure to its first step after the restart
+/// ([`JOB_RESUME_SECONDS`]). Clones share the histogram.
+#[derive(Debug, Clone)]
+pub struct ResumeSeconds(Option<Histogram>);
+
+impl Default for ResumeSeconds {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ResumeSeconds {
+    /// Cannot fail for the same reason as [`RepairerMetrics::new`]; logs if it does.
+    pub fn new() -> ResumeSeconds {
+        let histogram = histogram(
+            JOB_RESUME_SECONDS,
+            "Seconds from a job's failure to its first step after the restart.",
+            RESUME_BUCKETS,
+        );
+        ResumeSeconds(
+            histogram
+                .inspect_err(|err| {
+                    tracing::error!(error = %err, "building the job resume histogram failed");
+                })
+                .ok(),
+        )
+    }
+
+    pub fn observe(&self, seconds: f64) {
+        if let Some(h) = &self.0 {
+            h.observe(seconds);
+        }
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.0.as_ref().map_or(0, Histogram::get_sample_count)
+    }
+
+    fn families(&self) -> Vec<MetricFamily> {
+        self.0.as_ref().map(Collector::collect).unwrap_or_default()
+    }
+}
+
+/// What a scrape shows, gathered by the API from the engine, the alerts and its own counters.
+#[derive(Debug)]
+pub struct Snapshot<'a> {
+    /// Nodes by state (every state, zeros included).
+    pub node_states: BTreeMap<NodeState, u64>,
+    pub breaker_open: bool,
+    pub metrics: &'a RepairerMetrics,
+    pub alerts: Option<&'a Alerts>,
+    /// Agent reports received, by outcome.
+    pub reports: &'a BTreeMap<&'a str, u64>,
+    /// The embedded queue's figures, when it runs.
+    pub queue: Option<QueueMetrics>,
 }
 
 fn family(name: &str, help: &str, kind: MetricType) -> MetricFamily {
@@ -130,77 +307,39 @@ fn push_counter(family: &mut MetricFamily, pairs: &[(&str, &str)], value: f64) {
 }
 
 /// The text exposition of the repairer's metrics.
-pub fn encode(engine: &Engine, alerts: Option<&Alerts>, reports: &BTreeMap<&str, u64>) -> String {
+pub fn encode(snapshot: &Snapshot<'_>) -> String {
     let mut families = Vec::new();
 
     let mut nodes = family(NODES, "Nodes by state.", MetricType::GAUGE);
-    for (state, count) in engine.state_counts() {
-        push_gauge(&mut nodes, &[("state", state.as_str())], count as f64);
+    for (state, count) in &snapshot.node_states {
+        push_gauge(&mut nodes, &[("state", state.as_str())], *count as f64);
     }
-    families.push(nodes);
-
-    let mut decisions = family(
-        DECISIONS,
-        "Decisions by action and mode (enforce, dry-run, approve, alert, quarantine).",
-        MetricType::COUNTER,
-    );
-    for ((action, mode), count) in
-        engine.counters.decisions.lock().unwrap_or_else(PoisonError::into_inner).iter()
-    {
-        push_counter(&mut decisions, &[("action", action), ("mode", mode)], *count as f64);
-    }
-    let mut repairs =
-        family(REPAIRS, "Finished repairs by action and outcome.", MetricType::COUNTER);
-    for ((action, outcome), count) in
-        engine.counters.repairs.lock().unwrap_or_else(PoisonError::into_inner).iter()
-    {
-        push_counter(&mut repairs, &[("action", action), ("outcome", outcome)], *count as f64);
-    }
-    families.extend([decisions, repairs]);
-
     let mut breaker =
         family(BREAKER_OPEN, "1 while the breaker stops automatic action.", MetricType::GAUGE);
-    push_gauge(&mut breaker, &[], if engine.breaker().open { 1.0 } else { 0.0 });
-    families.push(breaker);
+    push_gauge(&mut breaker, &[], if snapshot.breaker_open { 1.0 } else { 0.0 });
+    families.extend([nodes, breaker]);
 
-    for (name, help, histogram) in [
-        (
-            TIME_TO_DRAIN,
-            "Seconds from a node's first failing finding to its drain.",
-            &engine.counters.time_to_drain,
-        ),
-        (
-            TIME_TO_REPAIR,
-            "Seconds from a node's first failing finding to the end of its repair.",
-            &engine.counters.time_to_repair,
-        ),
-    ] {
-        let mut family = family(name, help, MetricType::HISTOGRAM);
-        let mut metric = Metric::default();
-        metric.set_histogram(histogram.lock().unwrap_or_else(PoisonError::into_inner).proto());
-        family.mut_metric().push(metric);
-        families.push(family);
-    }
+    families.extend(snapshot.metrics.families());
 
     let mut sent = family(
         ALERTS_SENT,
         "Alert deliveries by sink and outcome (ok, error).",
         MetricType::COUNTER,
     );
-    if let Some(alerts) = alerts {
+    if let Some(alerts) = snapshot.alerts {
         for (sink, outcome, count) in alerts.sent_totals() {
             push_counter(&mut sent, &[("sink", &sink), ("outcome", outcome)], count as f64);
         }
     }
     let mut received =
         family(REPORTS_RECEIVED, "Agent reports received by outcome.", MetricType::COUNTER);
-    for (outcome, count) in reports {
+    for (outcome, count) in snapshot.reports {
         push_counter(&mut received, &[("outcome", outcome)], *count as f64);
     }
     families.extend([sent, received]);
 
-    if let Some(queue) = engine.queue() {
-        families.extend(queue_families(&queue.metrics()));
+    if let Some(queue) = &snapshot.queue {
+        families.extend(queue_families(queue));
     }
 
     families.retain(|f| !f.get_metric().is_empty());
@@ -213,7 +352,7 @@ pub fn encode(engine: &Engine, alerts: Option<&Alerts>, reports: &BTreeMap<&str,
 
 /// The embedded queue's metrics. The `job` label is bounded: every unfinished job and the most
 /// recently finished ones (see `queue::metrics`).
-fn queue_families(queue: &crate::queue::QueueMetrics) -> Vec<MetricFamily> {
+fn queue_families(queue: &QueueMetrics) -> Vec<MetricFamily> {
     let mut jobs = family(JOBS, "Jobs of the embedded queue by state.", MetricType::GAUGE);
     for (state, count) in &queue.by_state {
         push_gauge(&mut jobs, &[("state", state.as_str())], *count as f64);
@@ -275,15 +414,7 @@ fn queue_families(queue: &crate::queue::QueueMetrics) -> Vec<MetricFamily> {
             push_gauge(&mut checkpoint_stall, &labels, s);
         }
     }
-    let mut resume = family(
-        JOB_RESUME_SECONDS,
-        "Seconds from a job's failure to its first step after the restart.",
-        MetricType::HISTOGRAM,
-    );
-    let mut metric = Metric::default();
-    metric.set_histogram(queue.resume_seconds.proto());
-    resume.mut_metric().push(metric);
-    vec![
+    let mut families = vec![
         jobs,
         restarts,
         goodput,
@@ -294,26 +425,134 @@ fn queue_families(queue: &crate::queue::QueueMetrics) -> Vec<MetricFamily> {
         checkpoint_step,
         checkpoint_write,
         checkpoint_stall,
-        resume,
-    ]
+    ];
+    families.extend(queue.resume_seconds.families());
+    families
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn exposition(metrics: &RepairerMetrics) -> String {
+        let reports = BTreeMap::from([("ok", 3), ("malformed", 1)]);
+        encode(&Snapshot {
+            node_states: NodeState::ALL.iter().map(|s| (*s, 0)).collect(),
+            breaker_open: false,
+            metrics,
+            alerts: None,
+            reports: &reports,
+            queue: None,
+        })
+    }
+
+    /// The value of the sample written exactly `series` (name and labels) in `text`.
+    fn sample(text: &str, series: &str) -> Option<f64> {
+        text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
     #[test]
     fn histogram_buckets_are_cumulative() {
-        let mut h = Histogram::new(DRAIN_BUCKETS);
+        let metrics = RepairerMetrics::new();
         for v in [0.05, 0.3, 0.3, 4.0, 1000.0] {
-            h.observe(v);
+            metrics.time_to_drain(v);
         }
-        let proto = h.proto();
-        let cumulative: Vec<u64> =
-            proto.get_bucket().iter().map(|b| b.cumulative_count()).collect();
-        assert_eq!(cumulative[0], 1);
-        assert_eq!(cumulative[2], 3);
-        assert_eq!(*cumulative.last().unwrap(), 4, "1000 s is above every bound");
-        assert_eq!(proto.get_sample_count(), 5);
+        let text = exposition(&metrics);
+        let bucket = |le: &str| sample(&text, &format!("{TIME_TO_DRAIN}_bucket{{le=\"{le}\"}}"));
+        assert_eq!(bucket("0.1"), Some(1.0), "{text}");
+        assert_eq!(bucket("0.5"), Some(3.0), "{text}");
+        assert_eq!(bucket("300"), Some(4.0), "1000 s is above every bound: {text}");
+        assert_eq!(bucket("+Inf"), Some(5.0), "{text}");
+        assert_eq!(sample(&text, &format!("{TIME_TO_DRAIN}_count")), Some(5.0), "{text}");
+        let bounds = text.lines().filter(|l| l.starts_with(&format!("{TIME_TO_DRAIN}_bucket")));
+        assert_eq!(bounds.count(), DRAIN_BUCKETS.len() + 1, "every bound and +Inf: {text}");
+    }
+
+    #[test]
+    fn a_fresh_registry_builds_and_exports_every_series_it_was_given() {
+        let metrics = RepairerMetrics::new();
+        assert!(metrics.collectors.is_some(), "the constant names and buckets are valid");
+        metrics.decision(RuleAction::Reboot, "enforce");
+        metrics.decision(RuleAction::Reboot, "enforce");
+        metrics.decision(RuleAction::Replace, "dry-run");
+        metrics.repair(RuleAction::Reboot, "repaired");
+        metrics.time_to_repair(42.0);
+        metrics.store_error("append_event");
+        metrics.report_ok();
+        assert_eq!(metrics.reports_ok(), 1);
+        let text = exposition(&metrics);
+
+        for (series, value) in [
+            (r#"fleetmend_decisions_total{action="reboot",mode="enforce"}"#, 2.0),
+            (r#"fleetmend_decisions_total{action="replace",mode="dry-run"}"#, 1.0),
+            (r#"fleetmend_repairs_total{action="reboot",outcome="repaired"}"#, 1.0),
+            (r#"fleetmend_store_errors_total{operation="append_event"}"#, 1.0),
+            // Known operations are exported before their first error.
+            (r#"fleetmend_store_errors_total{operation="put_node"}"#, 0.0),
+            ("fleetmend_time_to_repair_seconds_count", 1.0),
+            ("fleetmend_time_to_repair_seconds_sum", 42.0),
+            (r#"fleetmend_time_to_repair_seconds_bucket{le="60"}"#, 1.0),
+            ("fleetmend_time_to_drain_seconds_count", 0.0),
+            (r#"fleetmend_nodes{state="healthy"}"#, 0.0),
+            ("fleetmend_breaker_open", 0.0),
+            (r#"fleetmend_reports_received_total{outcome="ok"}"#, 3.0),
+        ] {
+            assert_eq!(sample(&text, series), Some(value), "{series} in:\n{text}");
+        }
+        for operation in STORE_OPERATIONS {
+            let series = format!("{STORE_ERRORS}{{operation=\"{operation}\"}}");
+            assert!(sample(&text, &series).is_some(), "{series} in:\n{text}");
+        }
+        for (name, kind) in [
+            (DECISIONS, "counter"),
+            (REPAIRS, "counter"),
+            (STORE_ERRORS, "counter"),
+            (TIME_TO_DRAIN, "histogram"),
+            (TIME_TO_REPAIR, "histogram"),
+            (NODES, "gauge"),
+            (BREAKER_OPEN, "gauge"),
+            (REPORTS_RECEIVED, "counter"),
+        ] {
+            assert!(text.contains(&format!("# TYPE {name} {kind}\n")), "{name} in:\n{text}");
+        }
+        // Each family once: the registry's and the scrape-time ones never overlap.
+        assert_eq!(text.matches("# TYPE ").count(), 8, "{text}");
+        // Reports the engine took in are counted by the API's outcome series, not twice.
+        assert!(!text.contains("fleetmend_engine_reports_ok_total"), "{text}");
+
+        // promtool's linter, where it is installed (CI installs it; `scripts/test` too).
+        let Ok(mut child) = std::process::Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+        else {
+            return;
+        };
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+        let output = child.wait_with_output().unwrap();
+        assert!(
+            output.status.success(),
+            "promtool check metrics: {}{}\n{text}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    #[test]
+    fn resume_seconds_clones_share_one_histogram() {
+        let resume = ResumeSeconds::new();
+        resume.clone().observe(3.0);
+        assert_eq!(resume.count(), 1);
+        let families = resume.families();
+        assert_eq!(families.len(), 1);
+        assert_eq!(families[0].name(), JOB_RESUME_SECONDS);
+        let buckets = families[0].get_metric()[0].get_histogram().get_bucket();
+        let bounds: Vec<f64> = buckets.iter().map(|b| b.upper_bound()).collect();
+        assert_eq!(bounds, RESUME_BUCKETS);
+        assert_eq!(buckets[1].cumulative_count(), 0, "3 s is above 2.5 s");
+        assert_eq!(buckets[2].cumulative_count(), 1, "and within 5 s");
     }
 }

@@ -5,14 +5,17 @@ use std::sync::{Arc, Mutex};
 
 use crate::alerts::Alerts;
 use crate::api::{self, ApiState};
+use crate::clock::{SharedClock, SystemClock};
 use crate::commands::CommandQueue;
 use crate::config::{RepairerConfig, SchedulerKind};
-use crate::engine::{Engine, EngineError};
+use crate::engine::{Engine, EngineError, EngineParts, Nodes};
+use crate::metrics::RepairerMetrics;
+use crate::ports::{EventLog, ReportObserver};
 use crate::provider::Provider;
 use crate::provider::config::{ProviderDeps, build as build_provider};
-use crate::queue::JobQueue;
-use crate::scheduler::{FakeScheduler, Scheduler};
-use crate::slurm::SlurmScheduler;
+use crate::queue::{JobQueue, QueuePorts};
+use crate::scheduler::slurm::SlurmScheduler;
+use crate::scheduler::{MemoryScheduler, Scheduler};
 use crate::store::Store;
 use crate::telemetry::WorkflowTracer;
 
@@ -99,62 +102,106 @@ pub async fn start_with(
     provider: Option<Arc<dyn Provider>>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<Repairer, ServiceError> {
+    let given = Given { scheduler, provider, clock: SystemClock::shared() };
+    start_given(config, given, shutdown).await
+}
+
+/// What a caller may give the repairer instead of what its config builds.
+#[derive(Clone)]
+pub struct Given {
+    pub scheduler: Option<Arc<dyn Scheduler>>,
+    pub provider: Option<Arc<dyn Provider>>,
+    /// The clock every part reads (a virtual one in tests and simulations).
+    pub clock: SharedClock,
+}
+
+impl std::fmt::Debug for Given {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Given").field("clock", &self.clock).finish_non_exhaustive()
+    }
+}
+
+/// [`start`] with what `given` gives. The parts are built in one pass, each from the ports made
+/// before it: store → event log → nodes → scheduler (the queue) → engine → alert sinks → API.
+pub async fn start_given(
+    config: RepairerConfig,
+    given: Given,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<Repairer, ServiceError> {
     let tokens = config.tokens()?;
     if let Some(parent) = config.store.parent()
         && !parent.as_os_str().is_empty()
+        && let Err(err) = std::fs::create_dir_all(parent)
     {
-        let _ = std::fs::create_dir_all(parent);
+        // Opening the store says what is wrong with the path.
+        tracing::warn!(path = %parent.display(), error = %err, "creating the store's folder failed");
     }
+    let clock = given.clock;
     let store = Arc::new(Store::open(&config.store)?);
+    let metrics = Arc::new(RepairerMetrics::new());
+    let events = Arc::new(EventLog::new(store.clone(), metrics.clone()));
+    let nodes = Arc::new(Nodes::load(events.clone())?);
     let commands = Arc::new(CommandQueue::new());
+    // Bound first: the queue hands its address to the ranks it starts.
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServiceError::Listen { addr: config.listen, source })?;
+    let local_addr = listener
+        .local_addr()
+        .map_err(|source| ServiceError::Listen { addr: config.listen, source })?;
     let unreachable_window =
         config.engine.report_interval.saturating_mul(config.engine.unreachable_after);
     let (scheduler, queue): (Arc<dyn Scheduler>, Option<Arc<JobQueue>>) =
-        match (scheduler, config.scheduler) {
+        match (given.scheduler, config.scheduler) {
             (Some(scheduler), _) => (scheduler, None),
-            (None, SchedulerKind::Memory) => (Arc::new(FakeScheduler::new()), None),
+            (None, SchedulerKind::Memory) => (Arc::new(MemoryScheduler::new()), None),
             (None, SchedulerKind::Embedded) => {
-                let queue = JobQueue::load(
-                    config.queue.clone(),
-                    store.clone(),
-                    commands.clone(),
-                    unreachable_window,
-                )?;
+                let hostname = nix::unistd::gethostname()
+                    .ok()
+                    .and_then(|name| name.into_string().ok())
+                    .unwrap_or_else(|| "localhost".to_owned());
+                let base = config.queue.progress_base(local_addr, &hostname);
+                let ports = QueuePorts {
+                    events: events.clone(),
+                    commands: commands.clone(),
+                    fleet: nodes.clone(),
+                    clock: clock.clone(),
+                };
+                let queue = JobQueue::load(config.queue.clone(), ports, unreachable_window, &base)?;
                 (queue.clone(), Some(queue))
             }
             (None, SchedulerKind::Slurm) => {
                 (Arc::new(SlurmScheduler::new(config.slurm.clone())), None)
             }
         };
-    let provider = match provider {
+    let provider = match given.provider {
         Some(provider) => provider,
         None => build_provider(
             &config.provider,
             &ProviderDeps { commands: commands.clone(), slurm: config.slurm.clone() },
         )?,
     };
-    let engine = Engine::new(
-        store.clone(),
-        config.policy.clone(),
-        config.engine.clone(),
-        scheduler.clone(),
+    let tracer = WorkflowTracer::from_config(&config.telemetry)?.map(Arc::new);
+    let engine = Engine::new(EngineParts {
+        clock: clock.clone(),
+        events: events.clone(),
+        nodes,
+        metrics,
+        policy: config.policy.clone(),
+        config: config.engine.clone(),
+        scheduler: scheduler.clone(),
         provider,
         commands,
-    )?;
-    if let Some(queue) = &queue {
-        engine.set_queue(queue.clone());
-        queue.attach(&engine);
-    }
-    let tracer = WorkflowTracer::from_config(&config.telemetry)?.map(Arc::new);
-    if let Some(tracer) = &tracer {
-        engine.set_tracer(tracer.clone());
-    }
+        observer: queue.clone().map(|q| q as Arc<dyn ReportObserver>),
+        tracer: tracer.clone(),
+    })?;
     let alerts = if config.alerts.sinks.is_empty() {
         None
     } else {
-        let alerts = Arc::new(Alerts::new(config.alerts.clone(), store.clone())?);
+        let alerts =
+            Arc::new(Alerts::with_clock(config.alerts.clone(), store.clone(), clock.clone())?);
         tokio::spawn(alerts.clone().run());
-        let (wake, notify) = (alerts.clone(), engine.event_appended.clone());
+        let (wake, notify) = (alerts.clone(), events.appended());
         tokio::spawn(async move {
             loop {
                 notify.notified().await;
@@ -164,18 +211,8 @@ pub async fn start_with(
         Some(alerts)
     };
     engine.start()?;
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| ServiceError::Listen { addr: config.listen, source })?;
-    let local_addr = listener
-        .local_addr()
-        .map_err(|source| ServiceError::Listen { addr: config.listen, source })?;
     if let Some(queue) = &queue {
-        let base = match &config.queue.progress_base_url {
-            Some(url) => url.clone(),
-            None => format!("http://{local_addr}"),
-        };
-        queue.start(&base);
+        queue.start();
     }
     let state = Arc::new(ApiState {
         engine: engine.clone(),

@@ -17,7 +17,7 @@ use fleetmend_repairer::config::RepairerConfig;
 use fleetmend_repairer::engine::NodeSummary;
 use fleetmend_repairer::model::NodeState;
 use fleetmend_repairer::provider::{FakeProvider, Provider, ProviderCall};
-use fleetmend_repairer::scheduler::{FakeScheduler, Scheduler};
+use fleetmend_repairer::scheduler::{MemoryScheduler, Scheduler};
 use fleetmend_repairer::service::{self, Repairer};
 use tokio::sync::oneshot;
 
@@ -94,7 +94,7 @@ impl Harness {
         let (shutdown, stopped) = oneshot::channel::<()>();
         let repairer = service::start_with(
             config(dir.path(), otlp_endpoint),
-            Some(Arc::new(FakeScheduler::new()) as Arc<dyn Scheduler>),
+            Some(Arc::new(MemoryScheduler::new()) as Arc<dyn Scheduler>),
             Some(provider.clone() as Arc<dyn Provider>),
             async move {
                 let _ = stopped.await;

@@ -14,7 +14,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use fleetmend_repairer::provider::slurm::SlurmProvider;
-use fleetmend_repairer::slurm::{SlurmConfig, SlurmNode, SlurmScheduler, parse_show_node};
+use fleetmend_repairer::scheduler::slurm::{
+    SlurmConfig, SlurmNode, SlurmScheduler, parse_show_node,
+};
 
 use crate::{fleetmend_bin, is_root, run_with_timeout, workspace_root};
 

@@ -13,8 +13,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use fleetmend_repairer::provider::{PowerState, Provider};
+use fleetmend_repairer::scheduler::slurm::{SlurmConfig, SlurmScheduler};
 use fleetmend_repairer::scheduler::{Scheduler, SchedulerError, UndrainOutcome};
-use fleetmend_repairer::slurm::{SlurmConfig, SlurmScheduler};
 use fleetmend_tests::slurm::{DevCluster, can_run};
 use fleetmend_tests::{poll_until, poll_until_async};
 

@@ -13,15 +13,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fleetmend_repairer::alerts::SinkConfig;
+use fleetmend_repairer::clock::unix_now_ms as now_ms;
 use fleetmend_repairer::config::{RepairerConfig, SchedulerKind};
-use fleetmend_repairer::engine::{Engine, now_ms};
+use fleetmend_repairer::engine::Engine;
 use fleetmend_repairer::model::{Event, NodeState};
 // Re-exported: FleetConfig::mode names it.
 pub use fleetmend_repairer::policy::Mode;
 use fleetmend_repairer::queue::{JobQueue, JobSpec, JobState, JobView};
+use fleetmend_repairer::scheduler::slurm::{SlurmConfig, SlurmScheduler};
 use fleetmend_repairer::scheduler::{DRAIN_REASON_PREFIX, Scheduler};
 use fleetmend_repairer::service::{self, Repairer};
-use fleetmend_repairer::slurm::{SlurmConfig, SlurmScheduler};
 use fleetmend_repairer::store::Store;
 use serde::{Deserialize, Serialize};
 

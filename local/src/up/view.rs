@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use fleetmend_repairer::engine::now_ms;
+use fleetmend_repairer::clock::unix_now_ms as now_ms;
 use fleetmend_repairer::model::{Event, NodeState};
 use fleetmend_repairer::queue::{JobState, JobView};
 

@@ -28,6 +28,7 @@ use serde::Deserialize;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
+use crate::clock::{SharedClock, SystemClock};
 use crate::model::{Event, EventKind, NodeState, Severity};
 use crate::store::{Store, StoreError};
 
@@ -410,6 +411,8 @@ enum Attempt {
 #[derive(Debug)]
 pub struct Alerts {
     store: Arc<Store>,
+    /// What the delivery loops wait on.
+    clock: SharedClock,
     sinks: Vec<Arc<Sink>>,
     poll_interval: Duration,
     batch: usize,
@@ -484,7 +487,22 @@ impl Alerts {
                 sent_error: AtomicU64::new(0),
             }));
         }
-        Ok(Alerts { store, sinks, poll_interval: config.poll_interval, batch: config.batch })
+        Ok(Alerts {
+            store,
+            clock: SystemClock::shared(),
+            sinks,
+            poll_interval: config.poll_interval,
+            batch: config.batch,
+        })
+    }
+
+    /// [`Alerts::new`] with its waits on `clock`.
+    pub fn with_clock(
+        config: AlertsConfig,
+        store: Arc<Store>,
+        clock: SharedClock,
+    ) -> Result<Alerts, AlertsError> {
+        Ok(Alerts { clock, ..Alerts::new(config, store)? })
     }
 
     /// Runs one delivery loop per sink until this future is dropped (dropping it stops them all).
@@ -540,7 +558,7 @@ impl Alerts {
                 Ok(events) => events,
                 Err(err) => {
                     tracing::warn!(sink = %sink.name, error = %err, "reading the event log for alerts");
-                    tokio::time::sleep(self.poll_interval).await;
+                    self.clock.sleep(self.poll_interval).await;
                     continue;
                 }
             };
@@ -548,7 +566,7 @@ impl Alerts {
                 // `notify_one` keeps a permit, so a wake that came while reading is not lost.
                 tokio::select! {
                     () = sink.wake.notified() => {}
-                    () = tokio::time::sleep(self.poll_interval) => {}
+                    () = self.clock.sleep(self.poll_interval) => {}
                 }
                 continue;
             }
@@ -620,7 +638,7 @@ impl Alerts {
                         retry_in = %humantime::format_duration(Duration::from_millis(wait.as_millis() as u64)),
                         "alert delivery failed; will retry"
                     );
-                    tokio::time::sleep(wait).await;
+                    self.clock.sleep(wait).await;
                 }
             }
         }

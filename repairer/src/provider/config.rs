@@ -20,7 +20,7 @@ use super::command::{CommandProvider, CommandProviderConfig};
 use super::redfish::{RedfishProvider, RedfishProviderConfig, RedfishSetupError};
 use super::slurm::{SlurmProvider, SlurmProviderConfig};
 use crate::commands::CommandQueue;
-use crate::slurm::SlurmConfig;
+use crate::scheduler::slurm::SlurmConfig;
 
 /// The provider backend and its settings, chosen by `kind`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

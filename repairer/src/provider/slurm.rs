@@ -18,8 +18,8 @@
 use serde::Deserialize;
 
 use super::{PowerState, Provider, ProviderError, check_substitutable_node_name};
+use crate::scheduler::slurm::{SlurmConfig, SlurmNode, SlurmScheduler};
 use crate::scheduler::{BoxFuture, SchedulerError};
-use crate::slurm::{SlurmConfig, SlurmNode, SlurmScheduler};
 
 const PROVIDER: &str = "slurm";
 

@@ -28,8 +28,8 @@ pub struct QueueConfig {
     /// Highest `MASTER_PORT` handed to a job's rank 0.
     pub master_port_max: u16,
     /// Base URL ranks post their progress to (`<base>/v1/jobs/<id>/progress`). Default:
-    /// `http://<listen address>`; required when the repairer listens on an unspecified address
-    /// (0.0.0.0), which ranks cannot connect to.
+    /// `http://<listen address>`, or `http://<this host's name>:<port>` when the repairer listens
+    /// on an unspecified address (0.0.0.0), which ranks cannot connect to.
     pub progress_base_url: Option<String>,
     /// The mean time between failures assumed for `--checkpoint-every auto` until failures of
     /// jobs of the same size have been observed.
@@ -84,6 +84,18 @@ impl QueueConfig {
             push("progress_base_url", format!("{url:?} is not an http(s) URL"));
         }
         problems
+    }
+}
+
+impl QueueConfig {
+    /// The URL ranks post their progress to: the configured one, else the address the repairer
+    /// listens on (`local`), with `hostname` standing for an unspecified address.
+    pub fn progress_base(&self, local: std::net::SocketAddr, hostname: &str) -> String {
+        match &self.progress_base_url {
+            Some(url) => url.clone(),
+            None if local.ip().is_unspecified() => format!("http://{hostname}:{}", local.port()),
+            None => format!("http://{local}"),
+        }
     }
 }
 

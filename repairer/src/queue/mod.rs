@@ -18,7 +18,7 @@ pub mod placement;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use fleetmend_proto::jobs::{PROGRESS_TOKEN_VAR, PROGRESS_URL_VAR, command_with_args};
 use fleetmend_proto::{
@@ -34,19 +34,18 @@ pub use self::job::{
     StopPhase,
 };
 use self::placement::{Candidate, Placement, Waiting};
+use crate::clock::{self, SharedClock};
 use crate::commands::CommandQueue;
-use crate::engine::{Engine, now_ms};
-use crate::metrics::{Histogram, RESUME_BUCKETS};
+use crate::metrics::ResumeSeconds;
 use crate::model::{Actor, Event, EventKind, NodeState, Severity};
-use crate::scheduler::{
-    BoxFuture, DRAIN_REASON_PREFIX, JobRef, Scheduler, SchedulerError, UndrainOutcome,
-};
-use crate::store::{Store, StoreError};
+use crate::ports::{EventLog, FleetView, ReportObserver};
+use crate::scheduler::{DRAIN_REASON_PREFIX, JobRef, SchedulerError, UndrainOutcome};
+use crate::store::StoreError;
 
 /// The settings key of the nodes drained in the queue.
 const DRAINED_KEY: &str = "queue.drained";
 /// The scheduler's name in errors.
-const NAME: &str = "embedded";
+pub(crate) const NAME: &str = "embedded";
 
 /// A node drained in the queue, and by whom (a reason starting with [`DRAIN_REASON_PREFIX`] is
 /// fleetmend's own; any other is an admin's, which fleetmend never undrains).
@@ -108,7 +107,7 @@ pub struct QueueMetrics {
     pub by_state: BTreeMap<JobState, u64>,
     /// Per job: id, restarts, goodput ratio, steps lost, newest step.
     pub jobs: Vec<JobFigures>,
-    pub resume_seconds: Histogram,
+    pub resume_seconds: ResumeSeconds,
 }
 
 /// One job's figures for `/metrics`.
@@ -129,15 +128,17 @@ const FINISHED_JOBS_IN_METRICS: usize = 50;
 /// The embedded job queue.
 pub struct JobQueue {
     config: QueueConfig,
-    store: Arc<Store>,
+    events: Arc<EventLog>,
     commands: Arc<CommandQueue>,
-    engine: OnceLock<Weak<Engine>>,
-    /// `<base>/v1/jobs/<id>/progress`, set at start once the listen address is known.
-    progress_base: OnceLock<String>,
+    /// The nodes' states and last reports, as placement reads them.
+    fleet: Arc<dyn FleetView>,
+    clock: SharedClock,
+    /// `<base>/v1/jobs/<id>/progress`: the URL ranks reach the repairer at.
+    progress_base: String,
     /// A node with no report for this long is not eligible (the engine's unreachable window).
     unreachable_window_ms: u64,
     state: Mutex<QueueState>,
-    resume_seconds: Mutex<Histogram>,
+    resume_seconds: ResumeSeconds,
 }
 
 impl std::fmt::Debug for JobQueue {
@@ -165,16 +166,19 @@ fn random_token() -> String {
 }
 
 impl JobQueue {
-    /// Loads every job and the queue's drains from the store.
+    /// Loads every job and the queue's drains from the store; ranks post their progress to
+    /// `progress_base`.
     pub fn load(
         config: QueueConfig,
-        store: Arc<Store>,
-        commands: Arc<CommandQueue>,
+        ports: QueuePorts,
         unreachable_window: std::time::Duration,
+        progress_base: &str,
     ) -> Result<Arc<JobQueue>, QueueError> {
-        let jobs: Vec<Job> = store.jobs()?;
-        let drained: BTreeMap<String, QueueDrain> = store.setting(DRAINED_KEY)?.unwrap_or_default();
-        let now = now_ms();
+        let QueuePorts { events, commands, fleet, clock } = ports;
+        let jobs: Vec<Job> = events.store().jobs()?;
+        let drained: BTreeMap<String, QueueDrain> =
+            events.store().setting(DRAINED_KEY)?.unwrap_or_default();
+        let now = clock.now_ms();
         let mut state = QueueState {
             next_seq: jobs.iter().map(|j| j.seq).max().unwrap_or(0) + 1,
             drained,
@@ -191,25 +195,19 @@ impl JobQueue {
         reindex(&mut state);
         Ok(Arc::new(JobQueue {
             config,
-            store,
+            events,
             commands,
-            engine: OnceLock::new(),
-            progress_base: OnceLock::new(),
+            fleet,
+            clock,
+            progress_base: progress_base.trim_end_matches('/').to_owned(),
             unreachable_window_ms: unreachable_window.as_millis() as u64,
             state: Mutex::new(state),
-            resume_seconds: Mutex::new(Histogram::new(RESUME_BUCKETS)),
+            resume_seconds: ResumeSeconds::new(),
         }))
     }
 
-    /// Connects the queue to the engine (node states, the event log).
-    pub fn attach(&self, engine: &Arc<Engine>) {
-        let _ = self.engine.set(Arc::downgrade(engine));
-    }
-
     /// Sends again what a previous process may not have delivered, and starts the tick.
-    /// `progress_base` is the URL ranks reach the repairer at.
-    pub fn start(self: &Arc<Self>, progress_base: &str) {
-        let _ = self.progress_base.set(progress_base.trim_end_matches('/').to_owned());
+    pub fn start(self: &Arc<Self>) {
         {
             let state = self.lock();
             for job in state.jobs.values() {
@@ -227,45 +225,34 @@ impl JobQueue {
             }
         }
         let queue = Arc::downgrade(self);
-        let period = self.config.tick;
-        tokio::spawn(async move {
-            let mut ticker = tokio::time::interval(period);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                ticker.tick().await;
-                let Some(queue) = queue.upgrade() else { return };
-                queue.tick(now_ms());
-            }
-        });
+        tokio::spawn(clock::every(self.clock.clone(), self.config.tick, move |now| {
+            let Some(queue) = queue.upgrade() else { return false };
+            queue.tick(now);
+            true
+        }));
     }
 
     fn lock(&self) -> MutexGuard<'_, QueueState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn engine(&self) -> Option<Arc<Engine>> {
-        self.engine.get().and_then(Weak::upgrade)
-    }
-
     fn event(&self, kind: EventKind, severity: Severity, node: Option<&str>, reason: String) {
-        let event = Event::new(kind, severity, node, Actor("queue".to_owned()), reason, now_ms());
-        let result = match self.engine() {
-            Some(engine) => engine.record(event),
-            None => self.store.append_event(&event).map(|_| 0),
-        };
-        if let Err(err) = result {
-            tracing::error!(error = %err, "recording a job event failed");
-        }
+        let now = self.clock.now_ms();
+        let event = Event::new(kind, severity, node, Actor("queue".to_owned()), reason, now);
+        // Logged and counted by the event log.
+        let _recorded = self.events.record(&event);
     }
 
     fn save(&self, job: &Job) {
-        if let Err(err) = self.store.put_job(&job.id, job.seq, job.state.as_str(), job) {
+        let saved = self.events.store().put_job(&job.id, job.seq, job.state.as_str(), job);
+        if let Err(err) = self.events.write("put_job", saved) {
             tracing::error!(job = %job.id, error = %err, "saving the job failed");
         }
     }
 
     fn save_drains(&self, drained: &BTreeMap<String, QueueDrain>) -> Result<(), SchedulerError> {
-        self.store.put_setting(DRAINED_KEY, drained).map_err(|err| SchedulerError::Failed {
+        let saved = self.events.store().put_setting(DRAINED_KEY, drained);
+        self.events.write("put_setting", saved).map_err(|err| SchedulerError::Failed {
             scheduler: NAME,
             operation: "drain",
             message: err.to_string(),
@@ -280,7 +267,7 @@ impl JobQueue {
         if !problems.is_empty() {
             return Err(QueueError::InvalidSpec(problems));
         }
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let mut state = self.lock();
         let seq = state.next_seq;
         let id = format!("j-{seq}");
@@ -307,8 +294,9 @@ impl JobQueue {
             finished_ms: None,
             spec,
         };
-        self.store
-            .put_job(&id, seq, job.state.as_str(), &job)
+        let saved = self.events.store().put_job(&id, seq, job.state.as_str(), &job);
+        self.events
+            .write("put_job", saved)
             .map_err(|source| QueueError::Store { job: id.clone(), source })?;
         state.next_seq += 1;
         self.event(
@@ -327,7 +315,7 @@ impl JobQueue {
 
     /// Every job, oldest first.
     pub fn jobs(&self) -> Vec<JobView> {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let state = self.lock();
         let mut jobs: Vec<&Job> = state.jobs.values().collect();
         jobs.sort_by_key(|j| j.seq);
@@ -335,12 +323,12 @@ impl JobQueue {
     }
 
     pub fn job(&self, id: &str) -> Option<JobView> {
-        self.lock().jobs.get(id).map(|j| j.view(now_ms()))
+        self.lock().jobs.get(id).map(|j| j.view(self.clock.now_ms()))
     }
 
     /// A person cancels a job: a queued one at once, a running one by SIGTERM then SIGKILL.
     pub fn cancel(&self, id: &str, who: &str) -> Result<JobView, QueueError> {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let mut state = self.lock();
         let job = state.jobs.get_mut(id).ok_or_else(|| QueueError::UnknownJob(id.to_owned()))?;
         let reason = format!("cancelled by {who}");
@@ -400,7 +388,7 @@ impl JobQueue {
         token: Option<&str>,
         progress: &Progress,
     ) -> Result<ProgressReply, QueueError> {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let mut state = self.lock();
         let job = state.jobs.get(id).ok_or_else(|| QueueError::UnknownJob(id.to_owned()))?;
         match token {
@@ -518,7 +506,7 @@ impl JobQueue {
             job.measured.steps_per_second = rate;
         }
         if let Some(seconds) = resumed_after {
-            self.resume_seconds.lock().unwrap_or_else(PoisonError::into_inner).observe(seconds);
+            self.resume_seconds.observe(seconds);
         }
         let high = job.goodput.high_water_step;
         if let Some(o) = &job.goodput.last_observation
@@ -550,7 +538,7 @@ impl JobQueue {
 
     /// Figures for `/metrics`.
     pub fn metrics(&self) -> QueueMetrics {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let state = self.lock();
         let mut by_state: BTreeMap<JobState, u64> = JobState::ALL.iter().map(|s| (*s, 0)).collect();
         for job in state.jobs.values() {
@@ -573,8 +561,7 @@ impl JobQueue {
                 progress: j.latest_progress().cloned(),
             })
             .collect();
-        let resume_seconds =
-            self.resume_seconds.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let resume_seconds = self.resume_seconds.clone();
         QueueMetrics { by_state, jobs, resume_seconds }
     }
 
@@ -686,15 +673,11 @@ impl JobQueue {
     pub fn tick(&self, now: u64) {
         // The engine's lock is taken before the queue's, never inside it.
         let health: BTreeMap<String, (NodeState, u64)> = self
-            .engine()
-            .map(|engine| {
-                engine
-                    .summaries()
-                    .into_iter()
-                    .map(|n| (n.name, (n.state, n.last_report_ms)))
-                    .collect()
-            })
-            .unwrap_or_default();
+            .fleet
+            .node_health()
+            .into_iter()
+            .map(|n| (n.name, (n.state, n.last_report_ms)))
+            .collect();
         let mut state = self.lock();
         let drained = state.drained.clone();
         let unusable = |node: &str| -> Option<String> {
@@ -857,7 +840,7 @@ impl JobQueue {
         for (var, value) in protocol.to_env() {
             env.insert(var.to_owned(), value.to_string_lossy().into_owned());
         }
-        let base = self.progress_base.get().map(String::as_str).unwrap_or("http://127.0.0.1:9830");
+        let base = &self.progress_base;
         env.insert(PROGRESS_URL_VAR.to_owned(), format!("{base}/v1/jobs/{}/progress", job.id));
         env.insert(PROGRESS_TOKEN_VAR.to_owned(), job.progress_token.clone());
         let run = RunRank {
@@ -1124,8 +1107,8 @@ impl JobQueue {
 
     // --- the scheduler ---------------------------------------------------------------------------
 
-    fn drain_node(&self, node: &str, reason: &str) -> Result<(), SchedulerError> {
-        let now = now_ms();
+    pub(crate) fn drain_node(&self, node: &str, reason: &str) -> Result<(), SchedulerError> {
+        let now = self.clock.now_ms();
         let mut state = self.lock();
         if !state.drained.contains_key(node) {
             // An admin's drain stays theirs: a later fleetmend drain does not take it over.
@@ -1159,6 +1142,69 @@ impl JobQueue {
         Ok(())
     }
 
+    /// Puts `node` back in the queue's placement, only if fleetmend drained it.
+    pub(crate) fn undrain_node(&self, node: &str) -> Result<UndrainOutcome, SchedulerError> {
+        let mut state = self.lock();
+        Ok(match state.drained.get(node) {
+            None => UndrainOutcome::NotDrained,
+            Some(drain) if !drain.reason.starts_with(DRAIN_REASON_PREFIX) => {
+                UndrainOutcome::DrainedByOther(drain.reason.clone())
+            }
+            Some(_) => {
+                let mut drained = state.drained.clone();
+                drained.remove(node);
+                self.save_drains(&drained).map_err(|err| match err {
+                    SchedulerError::Failed { message, .. } => {
+                        SchedulerError::Failed { scheduler: NAME, operation: "undrain", message }
+                    }
+                    other => other,
+                })?;
+                state.drained = drained;
+                UndrainOutcome::Undrained
+            }
+        })
+    }
+
+    /// The active jobs with a live rank on `node`.
+    pub(crate) fn jobs_on_node(&self, node: &str) -> Vec<JobRef> {
+        self.lock()
+            .jobs
+            .values()
+            .filter(|j| j.state.is_active())
+            .filter(|j| j.ranks.iter().any(|r| r.node == node && r.live()))
+            .map(|j| JobRef { id: j.id.clone(), nodes: j.nodes.clone() })
+            .collect()
+    }
+
+    /// SIGUSR1 to the live ranks of `job` (a job already stopping was asked when its stop began).
+    pub(crate) fn request_checkpoint(&self, job: &str) -> Result<(), SchedulerError> {
+        let mut state = self.lock();
+        let job = Self::job_or_unknown(&mut state, job)?;
+        if matches!(job.state, JobState::Starting | JobState::Running) {
+            let sent = self.signal_live(job, RankSignal::Usr1);
+            self.event(
+                EventKind::JobCheckpointRequested,
+                Severity::Info,
+                None,
+                self.about(job, &format!("SIGUSR1 to ranks {sent:?} (the repairer asked)")),
+            );
+        }
+        Ok(())
+    }
+
+    /// Stops `job` to restart it from its newest checkpoint. Idempotent: a job stopping, queued or
+    /// done is left as it is.
+    pub(crate) fn requeue_job(&self, job: &str) -> Result<(), SchedulerError> {
+        let now = self.clock.now_ms();
+        let mut state = self.lock();
+        let job = Self::job_or_unknown(&mut state, job)?;
+        if matches!(job.state, JobState::Starting | JobState::Running) {
+            self.begin_stop(job, StopCause::Restart, "requeued by the repairer", now);
+        }
+        reindex(&mut state);
+        Ok(())
+    }
+
     fn job_or_unknown<'a>(
         state: &'a mut QueueState,
         job: &str,
@@ -1170,91 +1216,25 @@ impl JobQueue {
     }
 }
 
-impl Scheduler for JobQueue {
-    fn name(&self) -> &'static str {
-        NAME
+impl ReportObserver for JobQueue {
+    fn observe_report(&self, report: &Report, now: u64) {
+        JobQueue::observe_report(self, report, now);
     }
+}
 
-    fn drain<'a>(
-        &'a self,
-        node: &'a str,
-        reason: &'a str,
-    ) -> BoxFuture<'a, Result<(), SchedulerError>> {
-        Box::pin(async move { self.drain_node(node, reason) })
-    }
+/// What the queue is wired to: the event log (and the store behind it), the command queue its
+/// rank commands ride in, the fleet it places jobs on, and the clock.
+#[derive(Clone)]
+pub struct QueuePorts {
+    pub events: Arc<EventLog>,
+    pub commands: Arc<CommandQueue>,
+    pub fleet: Arc<dyn FleetView>,
+    pub clock: SharedClock,
+}
 
-    fn undrain<'a>(
-        &'a self,
-        node: &'a str,
-    ) -> BoxFuture<'a, Result<UndrainOutcome, SchedulerError>> {
-        Box::pin(async move {
-            let mut state = self.lock();
-            Ok(match state.drained.get(node) {
-                None => UndrainOutcome::NotDrained,
-                Some(drain) if !drain.reason.starts_with(DRAIN_REASON_PREFIX) => {
-                    UndrainOutcome::DrainedByOther(drain.reason.clone())
-                }
-                Some(_) => {
-                    let mut drained = state.drained.clone();
-                    drained.remove(node);
-                    self.save_drains(&drained).map_err(|err| match err {
-                        SchedulerError::Failed { message, .. } => SchedulerError::Failed {
-                            scheduler: NAME,
-                            operation: "undrain",
-                            message,
-                        },
-                        other => other,
-                    })?;
-                    state.drained = drained;
-                    UndrainOutcome::Undrained
-                }
-            })
-        })
-    }
-
-    fn jobs_on<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<Vec<JobRef>, SchedulerError>> {
-        Box::pin(async move {
-            let state = self.lock();
-            Ok(state
-                .jobs
-                .values()
-                .filter(|j| j.state.is_active())
-                .filter(|j| j.ranks.iter().any(|r| r.node == node && r.live()))
-                .map(|j| JobRef { id: j.id.clone(), nodes: j.nodes.clone() })
-                .collect())
-        })
-    }
-
-    fn checkpoint<'a>(&'a self, job: &'a str) -> BoxFuture<'a, Result<(), SchedulerError>> {
-        Box::pin(async move {
-            let mut state = self.lock();
-            let job = Self::job_or_unknown(&mut state, job)?;
-            // A job already stopping was asked when its stop began.
-            if matches!(job.state, JobState::Starting | JobState::Running) {
-                let sent = self.signal_live(job, RankSignal::Usr1);
-                self.event(
-                    EventKind::JobCheckpointRequested,
-                    Severity::Info,
-                    None,
-                    self.about(job, &format!("SIGUSR1 to ranks {sent:?} (the repairer asked)")),
-                );
-            }
-            Ok(())
-        })
-    }
-
-    fn requeue<'a>(&'a self, job: &'a str) -> BoxFuture<'a, Result<(), SchedulerError>> {
-        Box::pin(async move {
-            let now = now_ms();
-            let mut state = self.lock();
-            let job = Self::job_or_unknown(&mut state, job)?;
-            // Idempotent: a job stopping, queued or done is left as it is.
-            if matches!(job.state, JobState::Starting | JobState::Running) {
-                self.begin_stop(job, StopCause::Restart, "requeued by the repairer", now);
-            }
-            reindex(&mut state);
-            Ok(())
-        })
+impl std::fmt::Debug for QueuePorts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueuePorts").finish_non_exhaustive()
     }
 }
 

@@ -17,6 +17,12 @@ use crate::scheduler::{
     BoxFuture, DRAIN_REASON_PREFIX, JobRef, Scheduler, SchedulerError, UndrainOutcome,
 };
 
+mod own_drain;
+
+pub use own_drain::{
+    OWN_DRAIN_REASON_MAX_CHARS, OwnDrain, SelfDrain, SelfDrainLimits, drain_self, own_drain_reason,
+};
+
 const NAME: &str = "slurm";
 
 /// Longest stderr kept in an error, in bytes.
@@ -127,52 +133,6 @@ pub fn is_plain_name(name: &str) -> bool {
     !name.is_empty()
         && !name.starts_with('-')
         && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-}
-
-/// What [`SlurmScheduler::drain_unless_drained`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OwnDrain {
-    /// Drained now, with the reason given.
-    Drained,
-    /// It was drained already, with this reason (if it has one).
-    AlreadyDrained(Option<String>),
-}
-
-/// Longest drain reason a node gives itself, in characters (`sinfo -R` shows it on one line).
-pub const OWN_DRAIN_REASON_MAX_CHARS: usize = 160;
-
-/// `fleetmend: xid 79 on GPU 3; gpu_access on GPU 3; ...`: the failing findings, short, each
-/// once, on one line, cut to [`OWN_DRAIN_REASON_MAX_CHARS`].
-pub fn own_drain_reason(findings: &[fleetmend_proto::Finding]) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    for finding in findings.iter().filter(|f| f.status == fleetmend_proto::Status::Fail) {
-        let mut part = match finding.labels.get("xid") {
-            Some(code) if finding.finding == "xid" => format!("xid {code}"),
-            _ => finding.finding.clone(),
-        };
-        let subject = finding.subject.as_str();
-        if finding.check == "gpu"
-            && !subject.is_empty()
-            && subject.bytes().all(|b| b.is_ascii_digit())
-        {
-            part.push_str(&format!(" on GPU {subject}"));
-        } else if !subject.is_empty() {
-            part.push_str(&format!(" on {subject}"));
-        }
-        if !parts.contains(&part) {
-            parts.push(part);
-        }
-    }
-    let summary = if parts.is_empty() { "unhealthy".to_owned() } else { parts.join("; ") };
-    // One line of plain text: Slurm stores it as given.
-    let summary: String = summary.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
-    let reason = format!("{DRAIN_REASON_PREFIX}{summary}");
-    if reason.chars().count() <= OWN_DRAIN_REASON_MAX_CHARS {
-        return reason;
-    }
-    let mut cut: String = reason.chars().take(OWN_DRAIN_REASON_MAX_CHARS - 3).collect();
-    cut.push_str("...");
-    cut
 }
 
 /// What `scontrol show node` says about a node.
@@ -405,22 +365,6 @@ impl SlurmScheduler {
     /// What Slurm says about fleetmend's `node`.
     pub async fn show_node(&self, node: &str) -> Result<SlurmNode, SchedulerError> {
         self.show_node_for("show_node", node).await
-    }
-
-    /// Drains `node` with `reason` unless it is drained already, whoever drained it (they keep
-    /// their reason): what a node's own health check does (`fleetmend agent --once
-    /// --slurm-drain`).
-    pub async fn drain_unless_drained(
-        &self,
-        node: &str,
-        reason: &str,
-    ) -> Result<OwnDrain, SchedulerError> {
-        let current = self.show_node(node).await?;
-        if current.is_drained() {
-            return Ok(OwnDrain::AlreadyDrained(current.reason));
-        }
-        self.drain(node, reason).await?;
-        Ok(OwnDrain::Drained)
     }
 
     pub(crate) async fn show_node_for(
@@ -665,42 +609,6 @@ impl Scheduler for SlurmScheduler {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-
-    fn failing(check: &str, finding: &str, subject: &str) -> fleetmend_proto::Finding {
-        let mut f = fleetmend_proto::Finding::ok(check, finding, subject);
-        f.status = fleetmend_proto::Status::Fail;
-        f
-    }
-
-    #[test]
-    fn an_own_drain_reason_names_each_failing_finding_once() {
-        let mut xid = failing("gpu", "xid", "3");
-        xid.labels.insert("xid".to_owned(), "79".to_owned());
-        let findings = [
-            xid.clone(),
-            xid,
-            failing("gpu", "gpu_access", "3"),
-            fleetmend_proto::Finding::ok("nic", "nic_down", "eth0"),
-            failing("host", "process_missing", "slurmd"),
-            failing("host", "memory_low", ""),
-        ];
-        assert_eq!(
-            own_drain_reason(&findings),
-            "fleetmend: xid 79 on GPU 3; gpu_access on GPU 3; process_missing on slurmd; memory_low"
-        );
-    }
-
-    #[test]
-    fn an_own_drain_reason_is_one_short_line() {
-        let findings: Vec<fleetmend_proto::Finding> =
-            (0..40).map(|i| failing("disk", "disk_full", &format!("/mnt/d{i}\nx"))).collect();
-        let reason = own_drain_reason(&findings);
-        assert_eq!(reason.chars().count(), OWN_DRAIN_REASON_MAX_CHARS, "{reason}");
-        assert!(reason.starts_with("fleetmend: disk_full on /mnt/d0 x; "), "{reason}");
-        assert!(reason.ends_with("..."), "{reason}");
-        assert!(!reason.contains('\n'));
-        assert_eq!(own_drain_reason(&[]), "fleetmend: unhealthy");
-    }
 
     #[test]
     fn plain_names_are_single_slurm_node_names() {

@@ -1,5 +1,5 @@
 //! Test support for end-to-end scenarios: a repairer started in-process on 127.0.0.1 with a
-//! [`FakeScheduler`] and a [`FakeProvider`], scripted agents that talk to it over real HTTP, and
+//! [`MemoryScheduler`] and a [`FakeProvider`], scripted agents that talk to it over real HTTP, and
 //! helpers to read its event log and `/metrics`. Every wait polls with a deadline.
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
@@ -16,7 +16,7 @@ use fleetmend_repairer::config::RepairerConfig;
 use fleetmend_repairer::engine::{BreakerState, NodeSummary};
 use fleetmend_repairer::model::{Event, EventKind, NodeState};
 use fleetmend_repairer::provider::{FakeProvider, Provider, ProviderCall};
-use fleetmend_repairer::scheduler::{FakeScheduler, Scheduler};
+use fleetmend_repairer::scheduler::{MemoryScheduler, Scheduler};
 use fleetmend_repairer::service::{self, Repairer};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -69,7 +69,7 @@ pub fn http_client() -> reqwest::Client {
 /// A repairer running in-process with fakes, and its temp dir.
 pub struct Harness {
     pub repairer: Repairer,
-    pub scheduler: Arc<FakeScheduler>,
+    pub scheduler: Arc<MemoryScheduler>,
     pub provider: Arc<FakeProvider>,
     pub client: reqwest::Client,
     pub base: String,
@@ -103,7 +103,7 @@ impl Harness {
         assert!(problems.is_empty(), "adjusted test config is invalid: {problems:?}");
         let agent_token = config.agent_token.clone();
         let admin_token = config.admin_token.clone();
-        let scheduler = Arc::new(FakeScheduler::new());
+        let scheduler = Arc::new(MemoryScheduler::new());
         let provider = Arc::new(FakeProvider::new());
         let (shutdown, stopped) = oneshot::channel::<()>();
         let repairer = service::start_with(

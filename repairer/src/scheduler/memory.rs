@@ -1,73 +1,14 @@
-//! The scheduler the repairer drives: takes nodes out of work, finds the jobs on them, asks jobs
-//! to checkpoint and requeues them. The embedded job queue and Slurm implement it; [`FakeScheduler`]
-//! records calls for tests.
+//! The in-memory stand-in scheduler (`scheduler = "memory"`): drains are kept in memory, jobs are
+//! what a test puts there, and every call is recorded. For dry runs of a policy and for tests.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Mutex, PoisonError};
 
-/// A boxed future, so the traits here can be used as `dyn`.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+use super::{BoxFuture, DRAIN_REASON_PREFIX, JobRef, Scheduler, SchedulerError, UndrainOutcome};
 
-/// The prefix of every drain reason fleetmend sets; fleetmend undrains only nodes whose reason
-/// starts with it.
-pub const DRAIN_REASON_PREFIX: &str = "fleetmend: ";
+const NAME: &str = "memory";
 
-/// A job as the scheduler knows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JobRef {
-    pub id: String,
-    pub nodes: Vec<String>,
-}
-
-/// What undrain did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum UndrainOutcome {
-    /// The node is back in scheduling.
-    Undrained,
-    /// The node was not drained.
-    NotDrained,
-    /// Someone else drained it (their reason given): fleetmend leaves it alone.
-    DrainedByOther(String),
-}
-
-/// A scheduler call failed.
-#[derive(Debug, thiserror::Error)]
-pub enum SchedulerError {
-    #[error("{scheduler} does not know node {node}")]
-    UnknownNode { scheduler: &'static str, node: String },
-    #[error("{scheduler} does not know job {job}")]
-    UnknownJob { scheduler: &'static str, job: String },
-    #[error("{scheduler}: {operation} failed: {message}")]
-    Failed { scheduler: &'static str, operation: &'static str, message: String },
-    #[error("{scheduler}: {operation} timed out")]
-    Timeout { scheduler: &'static str, operation: &'static str },
-}
-
-/// The scheduler operations the repairer needs.
-pub trait Scheduler: Send + Sync {
-    fn name(&self) -> &'static str;
-    /// Stops new work on `node`; `reason` starts with [`DRAIN_REASON_PREFIX`]. Idempotent.
-    fn drain<'a>(
-        &'a self,
-        node: &'a str,
-        reason: &'a str,
-    ) -> BoxFuture<'a, Result<(), SchedulerError>>;
-    /// Puts `node` back, only if fleetmend drained it.
-    fn undrain<'a>(
-        &'a self,
-        node: &'a str,
-    ) -> BoxFuture<'a, Result<UndrainOutcome, SchedulerError>>;
-    /// The jobs with a rank on `node`.
-    fn jobs_on<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<Vec<JobRef>, SchedulerError>>;
-    /// Asks `job` to write a checkpoint (SIGUSR1 under the checkpoint protocol).
-    fn checkpoint<'a>(&'a self, job: &'a str) -> BoxFuture<'a, Result<(), SchedulerError>>;
-    /// Stops `job` and puts it back in the queue to resume from its newest checkpoint.
-    fn requeue<'a>(&'a self, job: &'a str) -> BoxFuture<'a, Result<(), SchedulerError>>;
-}
-
-/// One call made to a [`FakeScheduler`].
+/// One call made to a [`MemoryScheduler`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SchedulerCall {
     Drain { node: String, reason: String },
@@ -78,7 +19,7 @@ pub enum SchedulerCall {
 }
 
 #[derive(Debug, Default)]
-struct FakeState {
+struct MemoryState {
     calls: Vec<SchedulerCall>,
     /// node → drain reason
     drained: BTreeMap<String, String>,
@@ -90,18 +31,19 @@ struct FakeState {
     failing: BTreeSet<&'static str>,
 }
 
-/// An in-memory scheduler that records every call (tests, dry runs of policy).
+/// An in-memory scheduler that records every call: a stand-in for dry runs and tests
+/// (`scheduler = "memory"`); it drains nothing real.
 #[derive(Debug, Default)]
-pub struct FakeScheduler {
-    state: Mutex<FakeState>,
+pub struct MemoryScheduler {
+    state: Mutex<MemoryState>,
 }
 
-impl FakeScheduler {
-    pub fn new() -> FakeScheduler {
-        FakeScheduler::default()
+impl MemoryScheduler {
+    pub fn new() -> MemoryScheduler {
+        MemoryScheduler::default()
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, FakeState> {
+    fn state(&self) -> std::sync::MutexGuard<'_, MemoryState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -130,7 +72,7 @@ impl FakeScheduler {
         self.state().drained.get(node).cloned()
     }
 
-    /// Makes `operation` ("drain", "undrain", ...) fail until [`FakeScheduler::heal`].
+    /// Makes `operation` ("drain", "undrain", ...) fail until [`MemoryScheduler::heal`].
     pub fn fail(&self, operation: &'static str) {
         self.state().failing.insert(operation);
     }
@@ -139,10 +81,10 @@ impl FakeScheduler {
         self.state().failing.clear();
     }
 
-    fn check(&self, state: &FakeState, operation: &'static str) -> Result<(), SchedulerError> {
+    fn check(&self, state: &MemoryState, operation: &'static str) -> Result<(), SchedulerError> {
         if state.failing.contains(operation) {
             return Err(SchedulerError::Failed {
-                scheduler: "fake",
+                scheduler: NAME,
                 operation,
                 message: "injected failure".to_owned(),
             });
@@ -151,9 +93,9 @@ impl FakeScheduler {
     }
 }
 
-impl Scheduler for FakeScheduler {
+impl Scheduler for MemoryScheduler {
     fn name(&self) -> &'static str {
-        "fake"
+        NAME
     }
 
     fn drain<'a>(
@@ -216,7 +158,7 @@ impl Scheduler for FakeScheduler {
             state.calls.push(SchedulerCall::Checkpoint { job: job.to_owned() });
             self.check(&state, "checkpoint")?;
             if !state.jobs.contains_key(job) {
-                return Err(SchedulerError::UnknownJob { scheduler: "fake", job: job.to_owned() });
+                return Err(SchedulerError::UnknownJob { scheduler: NAME, job: job.to_owned() });
             }
             if let Some(nodes) = state.moves.remove(job) {
                 state.jobs.insert(job.to_owned(), nodes);
@@ -231,7 +173,7 @@ impl Scheduler for FakeScheduler {
             state.calls.push(SchedulerCall::Requeue { job: job.to_owned() });
             self.check(&state, "requeue")?;
             if !state.jobs.contains_key(job) {
-                return Err(SchedulerError::UnknownJob { scheduler: "fake", job: job.to_owned() });
+                return Err(SchedulerError::UnknownJob { scheduler: NAME, job: job.to_owned() });
             }
             state.requeued.insert(job.to_owned());
             Ok(())

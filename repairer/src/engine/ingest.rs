@@ -1,0 +1,222 @@
+//! What comes in: agents' reports, findings from external alert sources, and the tick that sees
+//! nodes go silent.
+
+use std::sync::Arc;
+
+use fleetmend_proto::{Finding, RecommendedAction, Report, ReportReply, Status};
+
+use super::nodes::{self, NodeRecord, metrics_target, remove_findings, track};
+use super::{Engine, EngineError};
+use crate::model::TrackedFinding;
+use crate::model::{Actor, Event, EventKind, FindingKey, FindingSource, NodeState, Severity};
+
+/// The finding the repairer keeps on a node that stopped reporting.
+const UNREACHABLE: &str = "unreachable";
+
+impl Engine {
+    /// Takes in a report; returns the reply (commands for the node).
+    pub fn ingest_report(self: &Arc<Self>, report: &Report) -> Result<ReportReply, EngineError> {
+        let now = self.clock.now_ms();
+        self.commands.record_results(&report.command_results);
+        let mut nodes = self.nodes.lock();
+        if nodes.get(&report.node).is_none() {
+            self.events.record(&Event::new(
+                EventKind::NodeJoined,
+                Severity::Info,
+                Some(&report.node),
+                Actor::repairer(),
+                format!("first report (agent {}, boot {})", report.agent_version, report.boot_id),
+                now,
+            ))?;
+            nodes.insert(NodeRecord::new(&report.node, now));
+        }
+        let (changed, rebooted, save) = nodes.update(&report.node, |node, _| {
+            let rebooted = !node.boot_id.is_empty() && node.boot_id != report.boot_id;
+            // A new node or a new agent version is saved at once: a restarted repairer must know
+            // every node, including those that never had a finding.
+            let new_agent =
+                node.agent_version.is_empty() || node.agent_version != report.agent_version;
+            node.boot_id.clone_from(&report.boot_id);
+            node.agent_version.clone_from(&report.agent_version);
+            node.last_report_ms = now;
+            node.last_seq = report.seq;
+            // Saved when it moves (an agent restarted on another port), so a restarted repairer
+            // serves service discovery for every node before their next reports.
+            let target = metrics_target(report);
+            let moved_target = target.is_some() && node.metrics_target != target;
+            if moved_target {
+                node.metrics_target = target;
+            }
+            let mut changed = rebooted;
+            // The node reports: it is not unreachable.
+            changed |= remove_findings(node, |t| {
+                t.source == FindingSource::Repairer && t.finding.finding == UNREACHABLE
+            });
+            let incoming: Vec<&Finding> =
+                report.findings.iter().filter(|f| f.status != Status::Ok).collect();
+            changed |= track(node, FindingSource::Agent, &incoming, now);
+            Ok((changed, rebooted, changed || new_agent || moved_target))
+        })?;
+        if save {
+            nodes.save(&report.node)?;
+        }
+        drop(nodes);
+        // Only a change that decide() reads decides again: deciding on every first report made
+        // 100,000 joining nodes 100,000 decisions for nothing (see BENCHMARKS.md).
+        if changed {
+            self.evaluate(&report.node, now)?;
+        }
+        if rebooted || !report.command_results.is_empty() {
+            self.progress.notify_waiters();
+        }
+        // The queue's commands for this node (run-rank, signal-rank) ride in this reply.
+        if let Some(observer) = &self.observer {
+            observer.observe_report(report, now);
+        }
+        self.metrics.report_ok();
+        Ok(ReportReply { commands: self.commands.take(&report.node) })
+    }
+
+    /// Takes in findings from an external alert source for `node`: `firing` ones are tracked,
+    /// resolved ones cleared.
+    pub fn ingest_external(
+        self: &Arc<Self>,
+        node_name: &str,
+        source: FindingSource,
+        finding: &Finding,
+        firing: bool,
+    ) -> Result<(), EngineError> {
+        let now = self.clock.now_ms();
+        let mut nodes = self.nodes.lock();
+        let key = FindingKey::of(finding, source);
+        // The change is worked out on a copy first: its event is written before the record
+        // changes, so a finding whose event could not be written is not tracked either.
+        let Some(mut node) = nodes.get(node_name).cloned() else {
+            return Err(EngineError::UnknownNode(node_name.to_owned()));
+        };
+        let changed = if firing {
+            let mut current: Vec<Finding> = node
+                .findings
+                .iter()
+                .filter(|t| t.source == source && t.key() != key)
+                .map(|t| t.finding.clone())
+                .collect();
+            current.push(finding.clone());
+            let refs: Vec<&Finding> = current.iter().collect();
+            track(&mut node, source, &refs, now)
+        } else {
+            remove_findings(&mut node, |t| t.key() == key)
+        };
+        if !changed {
+            return Ok(());
+        }
+        self.events.record(&Event {
+            findings: vec![finding.clone()],
+            ..Event::new(
+                EventKind::Finding,
+                Severity::Info,
+                Some(node_name),
+                Actor(format!("{source:?}").to_lowercase()),
+                format!(
+                    "{} {} {}",
+                    finding.check,
+                    finding.finding,
+                    if firing { "firing" } else { "resolved" }
+                ),
+                now,
+            )
+        })?;
+        nodes.update(node_name, |record, _| {
+            *record = node;
+            Ok(())
+        })?;
+        nodes.save(node_name)?;
+        drop(nodes);
+        self.evaluate(node_name, now)
+    }
+
+    /// Time-based work: unreachable nodes, debounce durations, cooldowns ending, held actions.
+    pub fn tick(self: &Arc<Self>, now: u64) {
+        let deadline = self.config.report_interval.as_millis() as u64
+            * u64::from(self.config.unreachable_after);
+        let names: Vec<String> = {
+            let mut nodes = self.nodes.lock();
+            let silent: Vec<String> = nodes
+                .records()
+                .filter(|node| {
+                    now.saturating_sub(node.last_report_ms.max(self.started_ms)) > deadline
+                        && !node.findings.iter().any(|t| t.finding.finding == UNREACHABLE)
+                        && node.state.is_member()
+                        && node.state != NodeState::Repairing
+                })
+                .map(|node| node.name.clone())
+                .collect();
+            for name in silent {
+                let marked = nodes
+                    .update(&name, |node, events| self.mark_unreachable(node, events, now))
+                    .and_then(|()| Ok(nodes.save(&name)?));
+                if let Err(err) = marked {
+                    tracing::error!(node = %name, error = %err, "recording an unreachable node failed");
+                }
+            }
+            // Nodes whose decision can change with time: debounce durations, cooldowns ending,
+            // held actions, drained nodes waiting for their findings to clear.
+            nodes
+                .records()
+                .filter(|n| match n.state {
+                    NodeState::Healthy => !n.findings.is_empty(),
+                    NodeState::Suspect | NodeState::Unreachable | NodeState::Drained => true,
+                    _ => false,
+                })
+                .map(|n| n.name.clone())
+                .collect()
+        };
+        for name in names {
+            if let Err(err) = self.evaluate(&name, now) {
+                tracing::error!(node = %name, error = %err, "evaluating a node failed");
+            }
+        }
+    }
+
+    /// Tracks the repairer's `unreachable` finding on a silent node, and makes a working one
+    /// unreachable (the event first: a node whose event could not be written stays as it was).
+    fn mark_unreachable(
+        &self,
+        node: &mut NodeRecord,
+        events: &crate::ports::EventLog,
+        now: u64,
+    ) -> Result<(), crate::store::StoreError> {
+        let mut marked = node.clone();
+        let finding = Finding::new(
+            "repairer",
+            UNREACHABLE,
+            "",
+            Status::Fail,
+            RecommendedAction::Reboot,
+            format!("no report for {} s", now.saturating_sub(node.last_report_ms) / 1000),
+        );
+        marked.findings.push(TrackedFinding {
+            finding,
+            source: FindingSource::Repairer,
+            first_seen_ms: now,
+            last_seen_ms: now,
+            observations: 1,
+        });
+        if marked.unhealthy_since_ms.is_none() {
+            marked.unhealthy_since_ms = Some(now);
+        }
+        if matches!(marked.state, NodeState::Healthy | NodeState::Suspect) {
+            let reason = format!("no report for {} intervals", self.config.unreachable_after);
+            nodes::transition(
+                events,
+                &mut marked,
+                NodeState::Unreachable,
+                &reason,
+                Actor::repairer(),
+                now,
+            )?;
+        }
+        *node = marked;
+        Ok(())
+    }
+}

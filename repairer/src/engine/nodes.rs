@@ -1,0 +1,580 @@
+//! Node records and what the guard rails count of them. Every node lives in memory (a heartbeat
+//! touches no disk); a change that matters is written to the store before it is acted on.
+//!
+//! The counts the guard rails and the breaker read (members, unavailable, in repair, nodes turned
+//! unhealthy within the breaker window, nodes by state) are kept as records change, not counted
+//! over the fleet on each decision: every change to a record goes through [`NodesGuard::update`],
+//! which takes the record's share out of the counts before and puts it back after.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use fleetmend_proto::{Finding, Report, Status};
+use serde::{Deserialize, Serialize};
+
+use super::EngineError;
+use crate::model::{Actor, Event, FindingKey, FindingSource, NodeState, Severity, TrackedFinding};
+use crate::policy::{FleetView, RepairRecord};
+use crate::ports::{EventLog, NodeHealth};
+use crate::store::StoreError;
+
+/// Everything the repairer keeps about one node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub name: String,
+    pub state: NodeState,
+    pub state_since_ms: u64,
+    pub boot_id: String,
+    pub agent_version: String,
+    pub last_report_ms: u64,
+    pub last_seq: u64,
+    /// Non-ok findings being tracked.
+    pub findings: Vec<TrackedFinding>,
+    /// Finished repairs, oldest first (trimmed to the lemon window's worth).
+    pub history: Vec<RepairRecord>,
+    pub cooldown_until_ms: u64,
+    /// An action a person approved, not used yet.
+    pub approved: Option<crate::model::RuleAction>,
+    /// Findings an alert already went out for.
+    pub alerted: BTreeSet<FindingKey>,
+    /// The last held or recorded (dry-run) decision, so it is written once, not every tick.
+    pub last_noted: Option<String>,
+    /// When the node last gained a failing finding while it had none (for the breaker).
+    pub unhealthy_since_ms: Option<u64>,
+    /// The open workflow, if any.
+    pub workflow: Option<i64>,
+    /// Set when a replacement retired this node.
+    pub replaced_by: Option<String>,
+    /// A person drained it (`fleetmend drain`): it is theirs until they undrain it; no rule
+    /// releases or repairs it meanwhile.
+    #[serde(default)]
+    pub drained_by_person: bool,
+    /// Where Prometheus scrapes the node's agent (`host:port`): the reported address (or the node
+    /// name) and metrics port; none until an agent that tells its port reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_target: Option<String>,
+}
+
+/// How many repairs a node's history keeps.
+const HISTORY_KEPT: usize = 32;
+
+impl NodeRecord {
+    pub(crate) fn new(name: &str, now: u64) -> NodeRecord {
+        NodeRecord {
+            name: name.to_owned(),
+            state: NodeState::Healthy,
+            state_since_ms: now,
+            boot_id: String::new(),
+            agent_version: String::new(),
+            last_report_ms: now,
+            last_seq: 0,
+            findings: Vec::new(),
+            history: Vec::new(),
+            cooldown_until_ms: 0,
+            approved: None,
+            alerted: BTreeSet::new(),
+            last_noted: None,
+            unhealthy_since_ms: None,
+            workflow: None,
+            replaced_by: None,
+            drained_by_person: false,
+            metrics_target: None,
+        }
+    }
+
+    pub(crate) fn has_failing(&self) -> bool {
+        self.findings.iter().any(|f| f.finding.status == Status::Fail)
+    }
+
+    /// The failing findings, as events carry them.
+    pub(crate) fn failing(&self) -> Vec<Finding> {
+        self.findings
+            .iter()
+            .filter(|t| t.finding.status == Status::Fail)
+            .map(|t| t.finding.clone())
+            .collect()
+    }
+
+    /// Adds a finished repair to the history, keeping the newest.
+    pub(crate) fn remember(&mut self, record: RepairRecord) {
+        self.history.push(record);
+        if self.history.len() > HISTORY_KEPT {
+            self.history.remove(0);
+        }
+    }
+
+    /// What this record adds to the fleet's counts.
+    fn share(&self) -> Share {
+        let member = self.state.is_member();
+        Share {
+            state: self.state,
+            member,
+            unavailable: self.state.is_unavailable(),
+            in_repair: matches!(self.state, NodeState::Repairing | NodeState::Validating),
+            unhealthy_since_ms: self.unhealthy_since_ms.filter(|_| member),
+        }
+    }
+}
+
+/// Changes `node`'s state, writing the event first: the one place a node's state changes.
+pub(crate) fn transition(
+    events: &EventLog,
+    node: &mut NodeRecord,
+    to: NodeState,
+    reason: &str,
+    actor: Actor,
+    now: u64,
+) -> Result<(), StoreError> {
+    if node.state == to {
+        return Ok(());
+    }
+    let severity = match to {
+        NodeState::Healthy | NodeState::Suspect | NodeState::Retired => Severity::Info,
+        NodeState::Quarantined => Severity::Critical,
+        _ => Severity::Warning,
+    };
+    events.record(&Event {
+        workflow: node.workflow,
+        findings: node.failing(),
+        ..Event::state_change(&node.name, node.state, to, severity, actor, reason, now)
+    })?;
+    node.state = to;
+    node.state_since_ms = now;
+    Ok(())
+}
+
+/// One record's part of the counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Share {
+    state: NodeState,
+    member: bool,
+    unavailable: bool,
+    in_repair: bool,
+    unhealthy_since_ms: Option<u64>,
+}
+
+/// The fleet's counts, kept as records change.
+#[derive(Debug, Default)]
+struct Counts {
+    by_state: BTreeMap<NodeState, u64>,
+    members: u32,
+    unavailable: u32,
+    in_repair: u32,
+    /// When member nodes turned unhealthy → how many did then.
+    unhealthy_since: BTreeMap<u64, u32>,
+}
+
+impl Counts {
+    fn add(&mut self, share: Share) {
+        *self.by_state.entry(share.state).or_default() += 1;
+        self.members += u32::from(share.member);
+        self.unavailable += u32::from(share.unavailable);
+        self.in_repair += u32::from(share.in_repair);
+        if let Some(since) = share.unhealthy_since_ms {
+            *self.unhealthy_since.entry(since).or_default() += 1;
+        }
+    }
+
+    fn remove(&mut self, share: Share) {
+        if let Some(count) = self.by_state.get_mut(&share.state) {
+            *count = count.saturating_sub(1);
+        }
+        self.members = self.members.saturating_sub(u32::from(share.member));
+        self.unavailable = self.unavailable.saturating_sub(u32::from(share.unavailable));
+        self.in_repair = self.in_repair.saturating_sub(u32::from(share.in_repair));
+        if let Some(since) = share.unhealthy_since_ms
+            && let Some(count) = self.unhealthy_since.get_mut(&since)
+        {
+            *count -= 1;
+            if *count == 0 {
+                self.unhealthy_since.remove(&since);
+            }
+        }
+    }
+}
+
+/// Every node the repairer knows, and the counts over them.
+#[derive(Debug)]
+pub struct Nodes {
+    inner: Mutex<Inner>,
+    events: Arc<EventLog>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    records: BTreeMap<String, NodeRecord>,
+    counts: Counts,
+}
+
+impl Nodes {
+    /// Loads every node from the store.
+    pub fn load(events: Arc<EventLog>) -> Result<Nodes, StoreError> {
+        let mut inner = Inner::default();
+        for record in events.store().nodes::<NodeRecord>()? {
+            inner.counts.add(record.share());
+            inner.records.insert(record.name.clone(), record);
+        }
+        Ok(Nodes { inner: Mutex::new(inner), events })
+    }
+
+    /// The nodes, locked. Hold it only for in-memory work and the writes that record it.
+    pub fn lock(&self) -> NodesGuard<'_> {
+        NodesGuard {
+            inner: self.inner.lock().unwrap_or_else(PoisonError::into_inner),
+            events: &self.events,
+        }
+    }
+
+    /// Runs `f` on the node `name` and saves it afterwards.
+    pub(crate) fn with_node<T>(
+        &self,
+        name: &str,
+        f: impl FnOnce(&mut NodeRecord, &EventLog) -> Result<T, StoreError>,
+    ) -> Result<T, EngineError> {
+        let mut nodes = self.lock();
+        let value = nodes.update(name, |node, events| f(node, events))?;
+        nodes.save(name)?;
+        Ok(value)
+    }
+
+    pub fn get(&self, name: &str) -> Option<NodeRecord> {
+        self.lock().get(name).cloned()
+    }
+
+    /// Every node, by name.
+    pub fn all(&self) -> Vec<NodeRecord> {
+        self.lock().inner.records.values().cloned().collect()
+    }
+
+    /// Counts of nodes by state (every state, zero included).
+    pub fn state_counts(&self) -> BTreeMap<NodeState, u64> {
+        let nodes = self.lock();
+        NodeState::ALL
+            .iter()
+            .map(|s| (*s, nodes.inner.counts.by_state.get(s).copied().unwrap_or(0)))
+            .collect()
+    }
+}
+
+impl crate::ports::FleetView for Nodes {
+    fn node_health(&self) -> Vec<NodeHealth> {
+        self.lock()
+            .inner
+            .records
+            .values()
+            .map(|n| NodeHealth {
+                name: n.name.clone(),
+                state: n.state,
+                last_report_ms: n.last_report_ms,
+            })
+            .collect()
+    }
+}
+
+/// The locked nodes.
+#[derive(Debug)]
+pub struct NodesGuard<'a> {
+    inner: MutexGuard<'a, Inner>,
+    events: &'a EventLog,
+}
+
+impl NodesGuard<'_> {
+    pub fn get(&self, name: &str) -> Option<&NodeRecord> {
+        self.inner.records.get(name)
+    }
+
+    pub fn records(&self) -> impl Iterator<Item = &NodeRecord> {
+        self.inner.records.values()
+    }
+
+    /// Adds a node the repairer did not know.
+    pub(crate) fn insert(&mut self, record: NodeRecord) {
+        let inner = &mut *self.inner;
+        if let Some(old) = inner.records.remove(&record.name) {
+            inner.counts.remove(old.share());
+        }
+        inner.counts.add(record.share());
+        inner.records.insert(record.name.clone(), record);
+    }
+
+    /// Changes the node `name` through `f`, keeping the counts right whatever `f` changed (and
+    /// whether it failed half-way).
+    pub(crate) fn update<T>(
+        &mut self,
+        name: &str,
+        f: impl FnOnce(&mut NodeRecord, &EventLog) -> Result<T, StoreError>,
+    ) -> Result<T, EngineError> {
+        let inner = &mut *self.inner;
+        let node =
+            inner.records.get_mut(name).ok_or_else(|| EngineError::UnknownNode(name.to_owned()))?;
+        let before = node.share();
+        let result = f(node, self.events);
+        let after = node.share();
+        if before != after {
+            inner.counts.remove(before);
+            inner.counts.add(after);
+        }
+        Ok(result?)
+    }
+
+    /// Writes the node `name` to the store.
+    pub(crate) fn save(&self, name: &str) -> Result<(), StoreError> {
+        let Some(node) = self.inner.records.get(name) else { return Ok(()) };
+        let store = self.events.store();
+        self.events.write("put_node", store.put_node(&node.name, node.state.as_str(), node))
+    }
+
+    /// The fleet as the guard rails see it (breaker not filled in), and, when `breaker_window_ms`
+    /// is given, how many members turned unhealthy within it of `now`. Read from the counts: no
+    /// pass over the fleet.
+    pub(crate) fn fleet(&self, now: u64, breaker_window_ms: Option<u64>) -> (FleetView, u32) {
+        let counts = &self.inner.counts;
+        let fleet = FleetView {
+            members: counts.members,
+            unavailable: counts.unavailable,
+            repairs_in_flight: counts.in_repair,
+            breaker_open: false,
+        };
+        let recent = breaker_window_ms.map_or(0, |window| {
+            counts.unhealthy_since.range(now.saturating_sub(window)..).map(|(_, n)| *n).sum()
+        });
+        (fleet, recent)
+    }
+
+    /// Every node's turning unhealthy is forgotten by the breaker (a person closed it: nodes that
+    /// turned unhealthy during the storm must not trip it again at once).
+    pub(crate) fn forget_unhealthy_since(&mut self) {
+        let names: Vec<String> = self
+            .inner
+            .records
+            .values()
+            .filter(|n| n.unhealthy_since_ms.is_some())
+            .map(|n| n.name.clone())
+            .collect();
+        for name in names {
+            // Only memory changes: a record that cannot be found cannot fail here.
+            let _forgotten = self.update(&name, |node, _| {
+                node.unhealthy_since_ms = Some(0);
+                Ok(())
+            });
+        }
+    }
+}
+
+/// `host:port` of the agent's `/metrics` from a report: the address it reports (the one other
+/// nodes reach it at), else its node name; none when it does not tell its port.
+pub(crate) fn metrics_target(report: &Report) -> Option<String> {
+    let port = report.metrics_port?;
+    let host = report.address.as_deref().filter(|a| !a.is_empty()).unwrap_or(&report.node);
+    // An IPv6 literal needs brackets before the port.
+    Some(if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") })
+}
+
+/// The source a finding on `node` was tracked from (agent unless tracked otherwise).
+pub(crate) fn source_of(node: &NodeRecord, finding: &Finding) -> FindingSource {
+    node.findings
+        .iter()
+        .find(|t| {
+            t.finding.check == finding.check
+                && t.finding.finding == finding.finding
+                && t.finding.subject == finding.subject
+        })
+        .map(|t| t.source)
+        .unwrap_or(FindingSource::Agent)
+}
+
+/// Replaces the tracked findings of `source` with `incoming`; true when the set of keys or a
+/// status changed (a heartbeat with the same findings only counts observations).
+pub(crate) fn track(
+    node: &mut NodeRecord,
+    source: FindingSource,
+    incoming: &[&Finding],
+    now: u64,
+) -> bool {
+    let mut changed = false;
+    let mut kept: Vec<TrackedFinding> = Vec::with_capacity(node.findings.len());
+    let mut seen: BTreeSet<FindingKey> = BTreeSet::new();
+    for finding in incoming {
+        let key = FindingKey::of(finding, source);
+        if !seen.insert(key.clone()) {
+            continue;
+        }
+        match node.findings.iter().find(|t| t.key() == key) {
+            Some(existing) => {
+                let status_changed = existing.finding.status != finding.status;
+                changed |= status_changed;
+                kept.push(TrackedFinding {
+                    finding: (*finding).clone(),
+                    source,
+                    first_seen_ms: existing.first_seen_ms,
+                    last_seen_ms: now,
+                    observations: existing.observations.saturating_add(1),
+                });
+                // A second observation can satisfy a debounce: decide again.
+                changed |= existing.observations == 1;
+            }
+            None => {
+                changed = true;
+                kept.push(TrackedFinding {
+                    finding: (*finding).clone(),
+                    source,
+                    first_seen_ms: now,
+                    last_seen_ms: now,
+                    observations: 1,
+                });
+            }
+        }
+    }
+    let before = node.findings.iter().filter(|t| t.source == source).count();
+    if before != kept.len() {
+        changed = true;
+    }
+    let had_failing = node.has_failing();
+    node.findings.retain(|t| t.source != source);
+    node.findings.extend(kept);
+    let cleared: Vec<FindingKey> = node
+        .alerted
+        .iter()
+        .filter(|k| !node.findings.iter().any(|t| &t.key() == *k))
+        .cloned()
+        .collect();
+    for key in cleared {
+        node.alerted.remove(&key);
+    }
+    if node.has_failing() {
+        if !had_failing {
+            node.unhealthy_since_ms = Some(now);
+        }
+    } else {
+        node.unhealthy_since_ms = None;
+    }
+    changed
+}
+
+pub(crate) fn remove_findings(
+    node: &mut NodeRecord,
+    pred: impl Fn(&TrackedFinding) -> bool,
+) -> bool {
+    let before = node.findings.len();
+    node.findings.retain(|t| !pred(t));
+    let changed = node.findings.len() != before;
+    if changed && !node.has_failing() {
+        node.unhealthy_since_ms = None;
+    }
+    changed
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use fleetmend_proto::{ReportTrigger, Verdict, WIRE_VERSION};
+
+    use super::*;
+
+    fn report(address: Option<&str>, metrics_port: Option<u16>) -> Report {
+        Report {
+            wire_version: WIRE_VERSION,
+            node: "gpu-a".to_owned(),
+            boot_id: "b1".to_owned(),
+            agent_version: "test".to_owned(),
+            seq: 1,
+            sent_at_ms: 0,
+            trigger: ReportTrigger::Interval,
+            verdict: Verdict::Healthy,
+            checks: Vec::new(),
+            findings: Vec::new(),
+            command_results: Vec::new(),
+            address: address.map(str::to_owned),
+            ranks: Vec::new(),
+            metrics_port,
+        }
+    }
+
+    #[test]
+    fn the_metrics_target_is_the_reported_address_or_the_node_name_and_the_port() {
+        assert_eq!(
+            metrics_target(&report(Some("10.0.0.1"), Some(9831))).as_deref(),
+            Some("10.0.0.1:9831")
+        );
+        assert_eq!(metrics_target(&report(None, Some(9831))).as_deref(), Some("gpu-a:9831"));
+        assert_eq!(metrics_target(&report(Some(""), Some(9831))).as_deref(), Some("gpu-a:9831"));
+        assert_eq!(
+            metrics_target(&report(Some("fd00::1"), Some(9831))).as_deref(),
+            Some("[fd00::1]:9831")
+        );
+        // An agent older than the field: no target rather than a guessed port.
+        assert_eq!(metrics_target(&report(Some("10.0.0.1"), None)), None);
+    }
+
+    #[test]
+    fn records_saved_before_the_metrics_target_existed_still_load() {
+        let mut record = NodeRecord::new("gpu-a", 1);
+        let mut json = serde_json::to_value(&record).unwrap();
+        assert!(json.get("metrics_target").is_none(), "none is not written: {json}");
+        json.as_object_mut().unwrap().remove("metrics_target");
+        assert_eq!(serde_json::from_value::<NodeRecord>(json).unwrap(), record);
+        record.metrics_target = Some("10.0.0.1:9831".to_owned());
+        let saved = serde_json::to_string(&record).unwrap();
+        assert_eq!(serde_json::from_str::<NodeRecord>(&saved).unwrap(), record);
+    }
+
+    fn nodes() -> (tempfile::TempDir, Nodes) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(crate::store::Store::open(&dir.path().join("r.db")).unwrap());
+        let metrics = Arc::new(crate::metrics::RepairerMetrics::new());
+        let nodes = Nodes::load(Arc::new(EventLog::new(store, metrics))).unwrap();
+        (dir, nodes)
+    }
+
+    /// The counts kept as records change equal a count over the fleet, whatever changed.
+    #[test]
+    fn the_counts_follow_every_change_of_a_record() {
+        let (_dir, nodes) = nodes();
+        let mut guard = nodes.lock();
+        for i in 0..50u64 {
+            guard.insert(NodeRecord::new(&format!("n{i}"), 0));
+        }
+        let states = NodeState::ALL;
+        let mut rng = fastrand::Rng::with_seed(7);
+        for step in 0..2_000u64 {
+            let name = format!("n{}", rng.u64(0..50));
+            let to = states[rng.usize(0..states.len())];
+            let since = if rng.bool() { Some(rng.u64(0..1_000)) } else { None };
+            guard
+                .update(&name, |node, events| {
+                    node.unhealthy_since_ms = since;
+                    transition(events, node, to, "test", Actor::repairer(), step)
+                })
+                .unwrap();
+            if step % 97 == 0 {
+                guard.forget_unhealthy_since();
+            }
+            let now = 1_000;
+            let window = 300;
+            let (fleet, recent) = guard.fleet(now, Some(window));
+            let records: Vec<&NodeRecord> = guard.records().collect();
+            let members = records.iter().filter(|n| n.state.is_member()).count() as u32;
+            let unavailable = records.iter().filter(|n| n.state.is_unavailable()).count() as u32;
+            let in_repair = records
+                .iter()
+                .filter(|n| matches!(n.state, NodeState::Repairing | NodeState::Validating))
+                .count() as u32;
+            let counted_recent = records
+                .iter()
+                .filter(|n| {
+                    n.state.is_member()
+                        && n.unhealthy_since_ms.is_some_and(|t| now.saturating_sub(t) <= window)
+                })
+                .count() as u32;
+            assert_eq!(
+                (fleet.members, fleet.unavailable, fleet.repairs_in_flight, recent),
+                (members, unavailable, in_repair, counted_recent),
+                "after change {step}"
+            );
+        }
+        drop(guard);
+        let by_state = nodes.state_counts();
+        assert_eq!(by_state.values().sum::<u64>(), 50);
+    }
+}

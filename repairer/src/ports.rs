@@ -1,0 +1,77 @@
+//! The narrow ports the repairer's parts are wired through, instead of one struct every part
+//! reaches into: the event log (every decision is written here before it is acted on), the fleet
+//! view the job queue places jobs by, and the observer that sees every report. They are built
+//! before the parts that use them, so the wiring is one pass with no back-pointers.
+
+use std::sync::Arc;
+
+use fleetmend_proto::Report;
+use tokio::sync::Notify;
+
+use crate::metrics::RepairerMetrics;
+use crate::model::{Event, NodeState};
+use crate::store::{Store, StoreError};
+
+/// The audit log and the store's writes: a write that fails is logged and counted
+/// (`fleetmend_store_errors_total`), and handed back to the caller, which must then not act.
+#[derive(Debug)]
+pub struct EventLog {
+    store: Arc<Store>,
+    metrics: Arc<RepairerMetrics>,
+    /// Raised on every stored event (alert sinks wake on it).
+    appended: Arc<Notify>,
+}
+
+impl EventLog {
+    pub fn new(store: Arc<Store>, metrics: Arc<RepairerMetrics>) -> EventLog {
+        EventLog { store, metrics, appended: Arc::new(Notify::new()) }
+    }
+
+    /// Appends `event`; returns its id. Callers act on what it describes only once this is `Ok`.
+    pub fn record(&self, event: &Event) -> Result<i64, StoreError> {
+        let id = self.write("append_event", self.store.append_event(event))?;
+        self.appended.notify_waiters();
+        Ok(id)
+    }
+
+    /// Passes `result` of a store write on, logging and counting it when it failed.
+    pub fn write<T>(
+        &self,
+        operation: &'static str,
+        result: Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        if let Err(err) = &result {
+            self.metrics.store_error(operation);
+            tracing::error!(operation, error = %err, "a store write failed: what it records does not happen");
+        }
+        result
+    }
+
+    /// The store behind the log (reads, and writes passed through [`EventLog::write`]).
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// Raised on every appended event.
+    pub fn appended(&self) -> Arc<Notify> {
+        self.appended.clone()
+    }
+}
+
+/// One node as the job queue sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeHealth {
+    pub name: String,
+    pub state: NodeState,
+    pub last_report_ms: u64,
+}
+
+/// The fleet as the job queue places jobs by: each node's state and when it last reported.
+pub trait FleetView: Send + Sync {
+    fn node_health(&self) -> Vec<NodeHealth>;
+}
+
+/// Sees every report the repairer takes in (the job queue follows its ranks through them).
+pub trait ReportObserver: Send + Sync {
+    fn observe_report(&self, report: &Report, now: u64);
+}

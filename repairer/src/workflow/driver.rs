@@ -1,0 +1,459 @@
+//! Carries a workflow out: asks the machine (`machine::next`) what to do, writes what it says
+//! before acting (the workflow, its events, the nodes' states), carries out the one effect through
+//! the scheduler, provider or command queue with the call timeout, and feeds the answer back.
+//! Retries back off exponentially with jitter; every wait has a deadline on the clock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleetmend_proto::{NodeCommand, command_kind};
+use tokio::sync::Notify;
+
+use super::machine::{
+    self, Answer, DeepCheck, Done, Effect, Failure, FailureKind, Limits, Note, Observation,
+};
+use super::{Outcome, Workflow};
+use crate::clock::{self, SharedClock};
+use crate::commands::CommandQueue;
+use crate::engine::{Breaker, NodeRecord, Nodes};
+use crate::metrics::RepairerMetrics;
+use crate::model::{Actor, Event, EventKind, RuleAction, Severity};
+use crate::policy::RepairRecord;
+use crate::ports::EventLog;
+use crate::provider::{Provider, ProviderError};
+use crate::scheduler::{Scheduler, SchedulerError};
+use crate::store::StoreError;
+use crate::telemetry::{WorkflowTrace, WorkflowTracer};
+
+/// What a workflow is carried out with: narrow ports, not the engine.
+pub struct WorkflowContext {
+    pub clock: SharedClock,
+    pub events: Arc<EventLog>,
+    pub nodes: Arc<Nodes>,
+    pub breaker: Arc<Breaker>,
+    pub scheduler: Arc<dyn Scheduler>,
+    pub provider: Arc<dyn Provider>,
+    pub commands: Arc<CommandQueue>,
+    pub metrics: Arc<RepairerMetrics>,
+    pub tracer: Option<Arc<WorkflowTracer>>,
+    /// Raised when a report may let a waiting step go on.
+    pub progress: Arc<Notify>,
+    pub limits: Limits,
+    /// After a repair, how long before the node may be repaired again.
+    pub cooldown: Duration,
+    /// Names this repairer process.
+    pub instance: u64,
+}
+
+impl std::fmt::Debug for WorkflowContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkflowContext").field("limits", &self.limits).finish_non_exhaustive()
+    }
+}
+
+/// Drives `workflow` to its end.
+pub async fn run(cx: Arc<WorkflowContext>, mut workflow: Workflow) {
+    let mut trace = WorkflowTrace::begin(cx.tracer.as_deref(), &mut workflow);
+    if trace.assigned_root() {
+        // Best effort: a trace id not written is a trace that starts afresh after a restart.
+        let _saved = save(&cx, &workflow, true);
+    }
+    let mut answer: Option<Answer> = None;
+    let mut failures = 0u32;
+    loop {
+        let seen = observe(&cx, &workflow, answer.take());
+        let step_before = workflow.step;
+        let transition = machine::next(&workflow, &seen, &cx.limits);
+        if let Err(err) = write(&cx, &workflow, &transition) {
+            // Nothing was acted on: the same transition is tried again after a pause.
+            tracing::error!(workflow = workflow.id, error = %err, "writing a workflow's transition failed: retrying");
+            failures = failures.saturating_add(1);
+            cx.clock.sleep(backoff(&cx.limits, failures)).await;
+            continue;
+        }
+        workflow = transition.workflow;
+        let finished = matches!(transition.effect, Effect::Finish { .. });
+        if workflow.step != step_before && !finished {
+            failures = 0;
+            trace.step(&workflow);
+        }
+        for note in &transition.notes {
+            if let Note::Retrying { error, .. } = note {
+                trace.retry(&workflow, error);
+            }
+        }
+        match transition.effect {
+            Effect::Continue => {}
+            Effect::WaitUntil { until_ms } => {
+                let wait = Duration::from_millis(until_ms.saturating_sub(cx.clock.now_ms()));
+                tokio::select! {
+                    () = cx.clock.sleep(wait) => {}
+                    () = cx.progress.notified() => {}
+                }
+            }
+            Effect::Backoff => {
+                failures = failures.saturating_add(1);
+                cx.clock.sleep(backoff(&cx.limits, failures)).await;
+            }
+            Effect::Finish { outcome } => {
+                finish(&cx, &workflow, outcome);
+                trace.finish(&workflow);
+                return;
+            }
+            effect => answer = Some(carry_out(&cx, &workflow, effect).await),
+        }
+    }
+}
+
+/// What the machine reads besides the workflow.
+fn observe(cx: &WorkflowContext, wf: &Workflow, answer: Option<Answer>) -> Observation {
+    let node = cx.nodes.get(&wf.node);
+    let deep_check = wf
+        .validation
+        .as_deref()
+        .and_then(|id| cx.commands.result(id))
+        .map(|result| DeepCheck { ok: result.ok, message: result.message });
+    Observation {
+        now_ms: cx.clock.now_ms(),
+        answer,
+        boot_id: node.map(|n| n.boot_id).unwrap_or_default(),
+        replacement_reported: wf.replacement.as_deref().is_some_and(|n| cx.nodes.get(n).is_some()),
+        deep_check,
+        breaker_open: cx.breaker.is_open(),
+        instance: cx.instance,
+    }
+}
+
+/// Writes what a transition says before its effect: its events, the workflow, the nodes' states.
+fn write(
+    cx: &WorkflowContext,
+    before: &Workflow,
+    transition: &machine::Transition,
+) -> Result<(), StoreError> {
+    let wf = &transition.workflow;
+    for note in &transition.notes {
+        note_down(cx, before, wf, note)?;
+    }
+    if transition.persist {
+        save(cx, wf, true)?;
+    }
+    if !matches!(transition.effect, Effect::Finish { .. }) {
+        set_states(cx, wf)?;
+    }
+    Ok(())
+}
+
+fn save(cx: &WorkflowContext, wf: &Workflow, open: bool) -> Result<(), StoreError> {
+    let store = cx.events.store();
+    cx.events.write("update_workflow", store.update_workflow(wf.id, open, wf))
+}
+
+/// Moves each node of the workflow to the state the workflow puts it in.
+fn set_states(cx: &WorkflowContext, wf: &Workflow) -> Result<(), StoreError> {
+    let now = cx.clock.now_ms();
+    for (name, state, reason) in machine::node_states(wf) {
+        if cx.nodes.get(name).is_none_or(|n| n.state == state) {
+            continue;
+        }
+        let changed = cx.nodes.with_node(name, |node, events| {
+            crate::engine::transition(events, node, state, &reason, Actor::repairer(), now)
+        });
+        match changed {
+            Ok(()) => {}
+            Err(crate::engine::EngineError::Store(err)) => return Err(err),
+            Err(err) => tracing::warn!(node = name, error = %err, "a workflow's node is gone"),
+        }
+    }
+    Ok(())
+}
+
+fn step_event(wf: &Workflow, severity: Severity, reason: String, now: u64) -> Event {
+    Event {
+        workflow: Some(wf.id),
+        action: Some(wf.action),
+        ..Event::new(
+            EventKind::WorkflowStep,
+            severity,
+            Some(&wf.node),
+            Actor::repairer(),
+            reason,
+            now,
+        )
+    }
+}
+
+fn note_down(
+    cx: &WorkflowContext,
+    before: &Workflow,
+    wf: &Workflow,
+    note: &Note,
+) -> Result<(), StoreError> {
+    let now = cx.clock.now_ms();
+    match note {
+        Note::Step(step) => {
+            cx.events.record(&step_event(wf, Severity::Info, format!("step {step:?}"), now))?;
+        }
+        Note::Retrying { step, error } => {
+            let reason = format!("{step:?} failed, retrying: {error}");
+            cx.events.record(&step_event(wf, Severity::Warning, reason, now))?;
+        }
+        Note::Warning(text) => {
+            cx.events.record(&step_event(wf, Severity::Warning, text.clone(), now))?;
+        }
+        Note::HeldByBreaker => {
+            cx.events.record(&Event {
+                workflow: Some(wf.id),
+                action: Some(wf.action),
+                ..Event::new(
+                    EventKind::ActionHeld,
+                    Severity::Critical,
+                    Some(&wf.node),
+                    Actor::repairer(),
+                    format!("{} held: the breaker is open", wf.action),
+                    now,
+                )
+            })?;
+        }
+        Note::Drained => {
+            if wf.kind == super::WorkflowKind::Repair {
+                cx.metrics.time_to_drain(seconds_since(now, wf.fault_since_ms));
+            }
+        }
+        Note::RepairFailed(action) => remember(cx, &wf.node, *action, false, now)?,
+        Note::Escalated { why } => {
+            cx.events.record(&Event {
+                workflow: Some(wf.id),
+                action: Some(RuleAction::Replace),
+                findings: wf.findings.clone(),
+                ..Event::new(
+                    EventKind::RepairFinished,
+                    Severity::Warning,
+                    Some(&wf.node),
+                    Actor::repairer(),
+                    format!("reboot did not help ({why}): escalating to replace"),
+                    now,
+                )
+            })?;
+            cx.metrics.repair(before.action, "escalated");
+        }
+        Note::ResultUsed(id) => cx.commands.forget(id),
+    }
+    Ok(())
+}
+
+fn seconds_since(now: u64, since: u64) -> f64 {
+    now.saturating_sub(since) as f64 / 1000.0
+}
+
+/// Adds a finished repair to the node's history.
+fn remember(
+    cx: &WorkflowContext,
+    node: &str,
+    action: RuleAction,
+    succeeded: bool,
+    now: u64,
+) -> Result<(), StoreError> {
+    if !action.is_repair() {
+        return Ok(());
+    }
+    let record = RepairRecord { action, finished_ms: now, succeeded };
+    match cx.nodes.with_node(node, |n, _| {
+        n.remember(record);
+        Ok(())
+    }) {
+        Err(crate::engine::EngineError::Store(err)) => Err(err),
+        _ => Ok(()),
+    }
+}
+
+/// The capped exponential backoff with jitter after `failures` failures in a row.
+fn backoff(limits: &Limits, failures: u32) -> Duration {
+    let timeouts = &limits.timeouts;
+    let capped = timeouts
+        .retry_initial
+        .saturating_mul(1 << failures.saturating_sub(1).min(16))
+        .min(timeouts.retry_max);
+    capped / 2 + (capped / 2).mul_f64(fastrand::f64())
+}
+
+/// Carries out one effect with the call timeout; the answer goes back to the machine.
+async fn carry_out(cx: &WorkflowContext, wf: &Workflow, effect: Effect) -> Answer {
+    let limit = cx.limits.timeouts.call_timeout;
+    let clock = &*cx.clock;
+    let result = match effect {
+        Effect::Drain { node, reason } => {
+            scheduled(clock::timeout(clock, limit, cx.scheduler.drain(&node, &reason)).await)
+                .map(|()| Done::Drained)
+        }
+        Effect::DrainReplacement { node, reason } => {
+            scheduled(clock::timeout(clock, limit, cx.scheduler.drain(&node, &reason)).await)
+                .map(|()| Done::ReplacementDrained)
+        }
+        Effect::ListJobs { node } => {
+            scheduled(clock::timeout(clock, limit, cx.scheduler.jobs_on(&node)).await)
+                .map(|jobs| Done::Jobs(jobs.into_iter().map(|j| j.id).collect()))
+        }
+        Effect::Checkpoint { jobs } => {
+            for job in &jobs {
+                let asked = clock::timeout(clock, limit, cx.scheduler.checkpoint(job)).await;
+                if let Err(err) = scheduled(asked) {
+                    // A job that cannot be signalled is still requeued; its last checkpoint stands.
+                    tracing::warn!(job, error = %err.error, "asking a job to checkpoint failed");
+                }
+            }
+            Ok(Done::Signalled)
+        }
+        Effect::Requeue { jobs, left } => {
+            for job in &left {
+                tracing::info!(
+                    workflow = wf.id,
+                    job,
+                    node = wf.node,
+                    "job left the node before its requeue: left as it is"
+                );
+            }
+            let mut requeued = Ok(Done::Requeued);
+            for job in &jobs {
+                if let Err(err) =
+                    scheduled(clock::timeout(clock, limit, cx.scheduler.requeue(job)).await)
+                {
+                    requeued = Err(err);
+                    break;
+                }
+            }
+            requeued
+        }
+        Effect::Reboot { node } => {
+            provided(clock::timeout(clock, limit, cx.provider.reboot(&node)).await)
+                .map(|()| Done::RebootIssued)
+        }
+        Effect::Replace { node } => {
+            provided(clock::timeout(clock, limit, cx.provider.replace(&node)).await)
+                .map(Done::Replacement)
+        }
+        Effect::DeepCheck { node, id } => {
+            let kind = command_kind::DEEP_CHECK.to_owned();
+            cx.commands.push(&node, NodeCommand { id, kind, args: Default::default() });
+            Ok(Done::DeepCheckQueued)
+        }
+        Effect::Undrain { node } => {
+            scheduled(clock::timeout(clock, limit, cx.scheduler.undrain(&node)).await)
+                .map(Done::Undrained)
+        }
+        Effect::Continue | Effect::WaitUntil { .. } | Effect::Backoff | Effect::Finish { .. } => {
+            Err(Failure { kind: FailureKind::Permanent, error: "not a call".to_owned() })
+        }
+    };
+    match result {
+        Ok(done) => Answer::Done(done),
+        Err(failure) => Answer::Failed(failure),
+    }
+}
+
+fn scheduled<T>(result: Result<Result<T, SchedulerError>, clock::Elapsed>) -> Result<T, Failure> {
+    match result {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(err)) => {
+            let kind = match err {
+                SchedulerError::UnknownNode { .. } => FailureKind::Permanent,
+                SchedulerError::Timeout { .. } => FailureKind::TimedOut,
+                SchedulerError::UnknownJob { .. } | SchedulerError::Failed { .. } => {
+                    FailureKind::Retryable
+                }
+            };
+            Err(Failure { kind, error: err.to_string() })
+        }
+        Err(elapsed) => Err(Failure { kind: FailureKind::TimedOut, error: elapsed.to_string() }),
+    }
+}
+
+fn provided<T>(result: Result<Result<T, ProviderError>, clock::Elapsed>) -> Result<T, Failure> {
+    match result {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(err)) => {
+            let kind = match err {
+                ProviderError::Unsupported { .. } => FailureKind::Permanent,
+                ProviderError::Timeout { .. } => FailureKind::TimedOut,
+                ProviderError::Failed { .. } => FailureKind::Retryable,
+            };
+            Err(Failure { kind, error: err.to_string() })
+        }
+        Err(elapsed) => Err(Failure { kind: FailureKind::TimedOut, error: elapsed.to_string() }),
+    }
+}
+
+/// Ends the workflow: its record first, then the states it leaves its nodes in, then the
+/// workflow closed. A write that fails is retried by the next repairer: the workflow stays open.
+fn finish(cx: &WorkflowContext, wf: &Workflow, outcome: Outcome) {
+    if let Err(err) = finish_writes(cx, wf, outcome) {
+        tracing::error!(workflow = wf.id, error = %err, "finishing the workflow failed: it is finished again after a restart");
+    }
+}
+
+fn finish_writes(cx: &WorkflowContext, wf: &Workflow, outcome: Outcome) -> Result<(), StoreError> {
+    let now = cx.clock.now_ms();
+    let reason = machine::finish_reason(wf, outcome);
+    let severity =
+        if outcome == Outcome::Quarantined { Severity::Critical } else { Severity::Info };
+    cx.events.record(&Event {
+        workflow: Some(wf.id),
+        action: Some(wf.action),
+        findings: wf.findings.clone(),
+        ..Event::new(
+            EventKind::RepairFinished,
+            severity,
+            Some(&wf.node),
+            Actor::repairer(),
+            reason,
+            now,
+        )
+    })?;
+    if outcome == Outcome::Repaired {
+        remember(cx, &wf.node, wf.action, true, now)?;
+        cx.metrics.time_to_repair(seconds_since(now, wf.fault_since_ms));
+    }
+    if wf.action.is_repair() || outcome == Outcome::Quarantined {
+        cx.metrics.repair(wf.action, outcome.as_str());
+    }
+    let cooldown = cx.cooldown.as_millis() as u64;
+    for (name, state, reason) in machine::node_states(wf) {
+        let own = name == wf.node;
+        let changed = cx.nodes.with_node(name, |n, events| {
+            // Worked out on a copy: the record changes only once its event is written.
+            let mut closed = n.clone();
+            if own {
+                close_record(&mut closed, wf, outcome, now + cooldown);
+            } else if outcome == Outcome::Repaired {
+                closed.cooldown_until_ms = now + cooldown;
+            }
+            crate::engine::transition(events, &mut closed, state, &reason, Actor::repairer(), now)?;
+            *n = closed;
+            Ok(())
+        });
+        match changed {
+            Ok(()) => {}
+            Err(crate::engine::EngineError::Store(err)) => return Err(err),
+            // A replacement that never reported has no record to change.
+            Err(_) => {}
+        }
+    }
+    save(cx, wf, false)
+}
+
+/// What a finished workflow changes in its node's record besides the state.
+fn close_record(n: &mut NodeRecord, wf: &Workflow, outcome: Outcome, cooldown_until_ms: u64) {
+    n.workflow = None;
+    n.last_noted = None;
+    if let (Outcome::Repaired, Some(new_node)) = (outcome, &wf.replacement) {
+        n.replaced_by = Some(new_node.clone());
+    }
+    if matches!(outcome, Outcome::Repaired | Outcome::Released) {
+        n.cooldown_until_ms = cooldown_until_ms;
+        // A reboot or replacement starts the node's findings afresh: the next report says.
+        if outcome == Outcome::Repaired {
+            n.findings.clear();
+            n.alerted.clear();
+            n.unhealthy_since_ms = None;
+        }
+    }
+}
