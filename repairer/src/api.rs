@@ -624,7 +624,7 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
     outcomes.insert("malformed", state.reports.malformed.load(Ordering::Relaxed));
     outcomes.insert("unauthorized", state.reports.unauthorized.load(Ordering::Relaxed));
     outcomes.insert("error", state.reports.failed.load(Ordering::Relaxed));
-    let body = crate::metrics::encode(&crate::metrics::Snapshot {
+    let body = crate::exposition::encode(&crate::exposition::Snapshot {
         node_states: state.engine.state_counts(),
         breaker_open: state.engine.breaker().open,
         metrics: &state.engine.metrics,

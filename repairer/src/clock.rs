@@ -10,12 +10,14 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::oneshot;
 
-use crate::scheduler::BoxFuture;
+/// A boxed future, so a clock can be used as `dyn`.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Where the repairer's time comes from.
 pub trait Clock: Send + Sync + std::fmt::Debug {

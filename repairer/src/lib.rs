@@ -3,14 +3,17 @@
 
 pub mod alerts;
 pub mod api;
+pub mod breaker;
 pub mod client;
 pub mod clock;
 pub mod commands;
 pub mod config;
 pub mod engine;
+pub mod exposition;
 pub mod inbound;
 pub mod metrics;
 pub mod model;
+pub mod nodes;
 pub mod openapi;
 pub mod policy;
 pub mod ports;
@@ -19,5 +22,4 @@ pub mod queue;
 pub mod scheduler;
 pub mod service;
 pub mod store;
-pub mod telemetry;
 pub mod workflow;

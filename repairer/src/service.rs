@@ -17,7 +17,7 @@ use crate::queue::{JobQueue, QueuePorts};
 use crate::scheduler::slurm::SlurmScheduler;
 use crate::scheduler::{MemoryScheduler, Scheduler};
 use crate::store::Store;
-use crate::telemetry::WorkflowTracer;
+use crate::workflow::trace::WorkflowTracer;
 
 /// The repairer could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -37,7 +37,7 @@ pub enum ServiceError {
     #[error("serving HTTP: {0}")]
     Serve(std::io::Error),
     #[error("setting up traces: {0}")]
-    Telemetry(#[from] crate::telemetry::TelemetryError),
+    Telemetry(#[from] crate::workflow::trace::TelemetryError),
     #[error(transparent)]
     Queue(#[from] crate::queue::QueueError),
 }

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use fleetmend_proto::Finding;
 
-use super::nodes::{NodeRecord, NodesGuard, source_of, transition};
 use super::{Engine, EngineError};
 use crate::model::{Actor, Event, EventKind, FindingKey, NodeState, RuleAction, Severity};
+use crate::nodes::{NodeRecord, NodesGuard, source_of, transition};
 use crate::policy::{self, Decision, FleetView, Hold, NodeView, Verdict};
 use crate::ports::EventLog;
 use crate::store::StoreError;

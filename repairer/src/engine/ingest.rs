@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use fleetmend_proto::{Finding, RecommendedAction, Report, ReportReply, Status};
 
-use super::nodes::{self, NodeRecord, metrics_target, remove_findings, track};
 use super::{Engine, EngineError};
 use crate::model::TrackedFinding;
 use crate::model::{Actor, Event, EventKind, FindingKey, FindingSource, NodeState, Severity};
+use crate::nodes::{self, NodeRecord, metrics_target, remove_findings, track};
 
 /// The finding the repairer keeps on a node that stopped reporting.
 const UNREACHABLE: &str = "unreachable";

@@ -8,11 +8,7 @@
 //! on, so a restarted repairer loads every node as it was and resumes every open workflow.
 
 mod apply;
-mod breaker;
 mod ingest;
-mod nodes;
-
-pub(crate) use self::nodes::transition;
 mod operator;
 
 use std::collections::BTreeMap;
@@ -23,18 +19,18 @@ use fleetmend_proto::Status;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
-pub use self::breaker::{Breaker, BreakerState};
-pub use self::nodes::{NodeRecord, Nodes};
+pub use crate::breaker::{Breaker, BreakerState};
 use crate::clock::{self, SharedClock};
 use crate::commands::CommandQueue;
 use crate::metrics::RepairerMetrics;
 use crate::model::NodeState;
+pub use crate::nodes::{NodeRecord, Nodes};
 use crate::policy::Policy;
 use crate::ports::{EventLog, ReportObserver};
 use crate::provider::Provider;
 use crate::scheduler::{DRAIN_REASON_PREFIX, Scheduler};
 use crate::store::{Store, StoreError};
-use crate::telemetry::WorkflowTracer;
+use crate::workflow::trace::WorkflowTracer;
 use crate::workflow::{self, Workflow, WorkflowContext, WorkflowTimeouts};
 
 /// Settings of the reconciler (`[engine]`).
@@ -73,6 +69,15 @@ pub enum EngineError {
     UnknownNode(String),
     #[error("{0}")]
     Refused(String),
+}
+
+impl From<crate::nodes::NodeError> for EngineError {
+    fn from(err: crate::nodes::NodeError) -> EngineError {
+        match err {
+            crate::nodes::NodeError::Store(err) => EngineError::Store(err),
+            crate::nodes::NodeError::Unknown(name) => EngineError::UnknownNode(name),
+        }
+    }
 }
 
 /// A node as the API shows it.

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use super::nodes::transition;
 use super::{BreakerState, Engine, EngineError};
 use crate::model::{Actor, Event, EventKind, NodeState, RuleAction, Severity};
+use crate::nodes::transition;
 use crate::policy::Verdict;
 use crate::scheduler::UndrainOutcome;
 

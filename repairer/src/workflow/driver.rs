@@ -13,17 +13,18 @@ use super::machine::{
     self, Answer, DeepCheck, Done, Effect, Failure, FailureKind, Limits, Note, Observation,
 };
 use super::{Outcome, Workflow};
+use crate::breaker::Breaker;
 use crate::clock::{self, SharedClock};
 use crate::commands::CommandQueue;
-use crate::engine::{Breaker, NodeRecord, Nodes};
 use crate::metrics::RepairerMetrics;
 use crate::model::{Actor, Event, EventKind, RuleAction, Severity};
+use crate::nodes::{NodeError, NodeRecord, Nodes};
 use crate::policy::RepairRecord;
 use crate::ports::EventLog;
 use crate::provider::{Provider, ProviderError};
 use crate::scheduler::{Scheduler, SchedulerError};
 use crate::store::StoreError;
-use crate::telemetry::{WorkflowTrace, WorkflowTracer};
+use crate::workflow::trace::{WorkflowTrace, WorkflowTracer};
 
 /// What a workflow is carried out with: narrow ports, not the engine.
 pub struct WorkflowContext {
@@ -156,11 +157,11 @@ fn set_states(cx: &WorkflowContext, wf: &Workflow) -> Result<(), StoreError> {
             continue;
         }
         let changed = cx.nodes.with_node(name, |node, events| {
-            crate::engine::transition(events, node, state, &reason, Actor::repairer(), now)
+            crate::nodes::transition(events, node, state, &reason, Actor::repairer(), now)
         });
         match changed {
             Ok(()) => {}
-            Err(crate::engine::EngineError::Store(err)) => return Err(err),
+            Err(NodeError::Store(err)) => return Err(err),
             Err(err) => tracing::warn!(node = name, error = %err, "a workflow's node is gone"),
         }
     }
@@ -261,7 +262,7 @@ fn remember(
         n.remember(record);
         Ok(())
     }) {
-        Err(crate::engine::EngineError::Store(err)) => Err(err),
+        Err(NodeError::Store(err)) => Err(err),
         _ => Ok(()),
     }
 }
@@ -426,13 +427,13 @@ fn finish_writes(cx: &WorkflowContext, wf: &Workflow, outcome: Outcome) -> Resul
             } else if outcome == Outcome::Repaired {
                 closed.cooldown_until_ms = now + cooldown;
             }
-            crate::engine::transition(events, &mut closed, state, &reason, Actor::repairer(), now)?;
+            crate::nodes::transition(events, &mut closed, state, &reason, Actor::repairer(), now)?;
             *n = closed;
             Ok(())
         });
         match changed {
             Ok(()) => {}
-            Err(crate::engine::EngineError::Store(err)) => return Err(err),
+            Err(NodeError::Store(err)) => return Err(err),
             // A replacement that never reported has no record to change.
             Err(_) => {}
         }

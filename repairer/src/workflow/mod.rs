@@ -9,6 +9,7 @@
 
 mod driver;
 mod machine;
+pub mod trace;
 
 pub use self::driver::{WorkflowContext, run};
 pub use self::machine::{
@@ -151,7 +152,7 @@ pub struct Workflow {
     /// The root span of the workflow's trace (when traces are exported), so a resumed workflow
     /// continues the same trace.
     #[serde(default)]
-    pub trace: Option<crate::telemetry::TraceParent>,
+    pub trace: Option<crate::workflow::trace::TraceParent>,
     /// Set when a repair that did not help escalated to this one (a reboot to a replacement).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub escalated_from: Option<RuleAction>,

@@ -34,9 +34,32 @@ use opentelemetry_sdk::trace::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::config::TelemetryConfig;
+use super::{Outcome, Step, Workflow, WorkflowKind};
 use crate::model::RuleAction;
-use crate::workflow::{Outcome, Step, Workflow, WorkflowKind};
+
+/// Traces (`[telemetry]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// OTLP/gRPC endpoint for the repair workflows' traces (e.g. `http://127.0.0.1:4317`). Unset:
+    /// no traces are exported.
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` of the exported traces (one per cluster's repairer tells them apart).
+    pub service_name: String,
+    /// Longest one export to the collector may take (and a flush at shutdown, twice that).
+    #[serde(with = "humantime_serde")]
+    pub export_timeout: std::time::Duration,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig {
+            otlp_endpoint: None,
+            service_name: "fleetmend-repairer".to_owned(),
+            export_timeout: std::time::Duration::from_secs(10),
+        }
+    }
+}
 
 /// Span attribute keys.
 pub mod attr {

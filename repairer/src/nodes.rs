@@ -12,11 +12,19 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use fleetmend_proto::{Finding, Report, Status};
 use serde::{Deserialize, Serialize};
 
-use super::EngineError;
 use crate::model::{Actor, Event, FindingKey, FindingSource, NodeState, Severity, TrackedFinding};
 use crate::policy::{FleetView, RepairRecord};
 use crate::ports::{EventLog, NodeHealth};
 use crate::store::StoreError;
+
+/// A change to a node record could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("no node named {0}")]
+    Unknown(String),
+}
 
 /// Everything the repairer keeps about one node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -230,7 +238,7 @@ impl Nodes {
         &self,
         name: &str,
         f: impl FnOnce(&mut NodeRecord, &EventLog) -> Result<T, StoreError>,
-    ) -> Result<T, EngineError> {
+    ) -> Result<T, NodeError> {
         let mut nodes = self.lock();
         let value = nodes.update(name, |node, events| f(node, events))?;
         nodes.save(name)?;
@@ -303,10 +311,10 @@ impl NodesGuard<'_> {
         &mut self,
         name: &str,
         f: impl FnOnce(&mut NodeRecord, &EventLog) -> Result<T, StoreError>,
-    ) -> Result<T, EngineError> {
+    ) -> Result<T, NodeError> {
         let inner = &mut *self.inner;
         let node =
-            inner.records.get_mut(name).ok_or_else(|| EngineError::UnknownNode(name.to_owned()))?;
+            inner.records.get_mut(name).ok_or_else(|| NodeError::Unknown(name.to_owned()))?;
         let before = node.share();
         let result = f(node, self.events);
         let after = node.share();
