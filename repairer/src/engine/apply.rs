@@ -9,8 +9,6 @@ use super::{Engine, EngineError};
 use crate::model::{Actor, Event, EventKind, FindingKey, NodeState, RuleAction, Severity};
 use crate::nodes::{NodeRecord, NodesGuard, source_of, transition};
 use crate::policy::{self, Decision, FleetView, Hold, NodeView, Verdict};
-use crate::ports::EventLog;
-use crate::store::StoreError;
 use crate::workflow::{self, Workflow};
 
 fn view(node: &NodeRecord) -> NodeView<'_> {
@@ -274,21 +272,11 @@ impl Engine {
             node.workflow = Some(id);
             if let Some((_, state, _)) = states.iter().find(|(n, _, _)| *n == name) {
                 let reason = format!("workflow {id} ({}) started", workflow.action);
-                started(events, node, *state, &reason, now)?;
+                transition(events, node, *state, &reason, Actor::repairer(), now)?;
             }
             Ok(())
         })?;
         nodes.save(name)?;
         Ok(workflow)
     }
-}
-
-fn started(
-    events: &EventLog,
-    node: &mut NodeRecord,
-    state: NodeState,
-    reason: &str,
-    now: u64,
-) -> Result<(), StoreError> {
-    transition(events, node, state, reason, Actor::repairer(), now)
 }

@@ -201,123 +201,144 @@ impl Transition {
 
 /// What to do next with `workflow`, given what was observed.
 pub fn next(workflow: &Workflow, seen: &Observation, limits: &Limits) -> Transition {
-    let mut wf = workflow.clone();
+    let wf = workflow.clone();
     let now = seen.now_ms;
-    if let Some(Answer::Failed(failure)) = &seen.answer {
-        return failed(wf, failure, now);
-    }
     let done = match &seen.answer {
+        Some(Answer::Failed(failure)) => return failed(wf, failure, now),
         Some(Answer::Done(done)) => Some(done),
-        _ => None,
+        None => None,
     };
-    let timeouts = &limits.timeouts;
     match wf.step {
-        Step::Drain => match done {
-            Some(Done::Drained) => goto(wf, Step::Checkpoint, now).note(Note::Drained),
-            _ => {
-                let why: String = wf.reason.chars().take(DRAIN_REASON_CHARS).collect();
-                let effect = Effect::Drain {
-                    node: wf.node.clone(),
-                    reason: format!("{DRAIN_REASON_PREFIX}{why}"),
-                };
-                Transition::stay(wf, effect)
-            }
-        },
-        Step::Checkpoint => match done {
-            Some(Done::Jobs(jobs)) => {
-                wf.jobs.clone_from(jobs);
-                wf.checkpoint_sent_ms = Some(now);
-                if jobs.is_empty() {
-                    goto(wf, Step::Settle, now)
-                } else {
-                    let effect = Effect::Checkpoint { jobs: jobs.clone() };
-                    Transition::stay(wf, effect)
-                }
-            }
-            Some(Done::Signalled) => goto(wf, Step::Requeue, now),
-            _ => {
-                let effect = Effect::ListJobs { node: wf.node.clone() };
-                Transition::stay(wf, effect)
-            }
-        },
-        Step::Requeue => {
-            let ready = wf.checkpoint_sent_ms.unwrap_or(now) + millis(timeouts.checkpoint_grace);
-            match done {
-                Some(Done::Requeued) => goto(wf, Step::Settle, now),
-                Some(Done::Jobs(still_on)) => {
-                    // Only the jobs still on the node: one that left it meanwhile (its scheduler
-                    // restarted it elsewhere, or it ended) must not be stopped where it runs now.
-                    let (jobs, left) = wf.jobs.iter().cloned().partition(|j| still_on.contains(j));
-                    Transition::stay(wf, Effect::Requeue { jobs, left })
-                }
-                _ if now < ready => Transition::stay(wf, Effect::WaitUntil { until_ms: ready }),
-                _ => {
-                    let effect = Effect::ListJobs { node: wf.node.clone() };
-                    Transition::stay(wf, effect)
-                }
-            }
-        }
+        Step::Drain => drain(wf, done, now),
+        Step::Checkpoint => checkpoint(wf, done, now),
+        Step::Requeue => requeue(wf, done, now, limits),
         Step::Settle => settle(wf, seen, limits),
         Step::Repair => repair(wf, done, now),
-        Step::AwaitBoot => {
-            if !seen.boot_id.is_empty() && seen.boot_id != wf.boot_id_before {
-                return goto(wf, Step::Validate, now);
-            }
-            let deadline = wf.issued_ms.unwrap_or(now) + millis(timeouts.reboot_timeout);
-            if now < deadline {
-                let until_ms = deadline.min(now + AWAIT_POLL_MS);
-                return Transition::stay(wf, Effect::WaitUntil { until_ms });
-            }
-            if wf.attempt < timeouts.reboot_attempts {
-                wf.attempt += 1;
-                wf.issued_ms = None;
-                return goto(wf, Step::Repair, now).note(Note::Warning(
-                    "the node did not come back from the reboot: rebooting again".to_owned(),
-                ));
-            }
-            escalate(wf, "the node did not come back from its reboots", now)
-        }
-        Step::AwaitReplacement => {
-            let Some(new_node) = wf.replacement.clone() else {
-                return goto(wf, Step::Repair, now);
-            };
-            if matches!(done, Some(Done::ReplacementDrained)) {
-                return goto(wf, Step::Validate, now);
-            }
-            if seen.replacement_reported {
-                let reason =
-                    format!("{DRAIN_REASON_PREFIX}validating as the replacement of {}", wf.node);
-                return Transition::stay(wf, Effect::DrainReplacement { node: new_node, reason });
-            }
-            let deadline = wf.issued_ms.unwrap_or(now) + millis(timeouts.replace_timeout);
-            if now < deadline {
-                let until_ms = deadline.min(now + AWAIT_POLL_MS);
-                return Transition::stay(wf, Effect::WaitUntil { until_ms });
-            }
-            quarantine(wf, &format!("the replacement {new_node} never reported"), now)
-        }
+        Step::AwaitBoot => await_boot(wf, seen, limits),
+        Step::AwaitReplacement => await_replacement(wf, seen, done, limits),
         Step::Validate => validate(wf, seen, done, limits),
-        Step::Undrain => match done {
-            Some(Done::Undrained(UndrainOutcome::DrainedByOther(reason))) => {
-                let warning = format!("left drained: someone else drained it ({reason})");
-                quarantine(wf, "drained by someone else during the repair", now)
-                    .note(Note::Warning(warning))
-            }
-            Some(Done::Undrained(_)) => {
-                let outcome = match wf.kind {
-                    WorkflowKind::Release => Outcome::Released,
-                    _ => Outcome::Repaired,
-                };
-                finish(wf, outcome, now)
-            }
-            _ => {
-                let effect = Effect::Undrain { node: wf.target().to_owned() };
-                Transition::stay(wf, effect)
-            }
-        },
+        Step::Undrain => undrain(wf, done, now),
         Step::Done => {
             let outcome = wf.outcome.unwrap_or(Outcome::Repaired);
             finish(wf, outcome, now)
+        }
+    }
+}
+
+fn drain(wf: Workflow, done: Option<&Done>, now: u64) -> Transition {
+    if matches!(done, Some(Done::Drained)) {
+        return goto(wf, Step::Checkpoint, now).note(Note::Drained);
+    }
+    let why: String = wf.reason.chars().take(DRAIN_REASON_CHARS).collect();
+    let effect =
+        Effect::Drain { node: wf.node.clone(), reason: format!("{DRAIN_REASON_PREFIX}{why}") };
+    Transition::stay(wf, effect)
+}
+
+/// Finds the jobs on the node and asks each to checkpoint.
+fn checkpoint(mut wf: Workflow, done: Option<&Done>, now: u64) -> Transition {
+    match done {
+        Some(Done::Jobs(jobs)) => {
+            wf.jobs.clone_from(jobs);
+            wf.checkpoint_sent_ms = Some(now);
+            if jobs.is_empty() {
+                return goto(wf, Step::Settle, now);
+            }
+            let effect = Effect::Checkpoint { jobs: jobs.clone() };
+            Transition::stay(wf, effect)
+        }
+        Some(Done::Signalled) => goto(wf, Step::Requeue, now),
+        _ => {
+            let effect = Effect::ListJobs { node: wf.node.clone() };
+            Transition::stay(wf, effect)
+        }
+    }
+}
+
+/// After the checkpoint grace, requeues the jobs still on the node.
+fn requeue(wf: Workflow, done: Option<&Done>, now: u64, limits: &Limits) -> Transition {
+    let grace = millis(limits.timeouts.checkpoint_grace);
+    let ready = wf.checkpoint_sent_ms.unwrap_or(now) + grace;
+    match done {
+        Some(Done::Requeued) => goto(wf, Step::Settle, now),
+        Some(Done::Jobs(still_on)) => {
+            // Only the jobs still on the node: one that left it meanwhile (its scheduler
+            // restarted it elsewhere, or it ended) must not be stopped where it runs now.
+            let (jobs, left) = wf.jobs.iter().cloned().partition(|j| still_on.contains(j));
+            Transition::stay(wf, Effect::Requeue { jobs, left })
+        }
+        _ if now < ready => Transition::stay(wf, Effect::WaitUntil { until_ms: ready }),
+        _ => {
+            let effect = Effect::ListJobs { node: wf.node.clone() };
+            Transition::stay(wf, effect)
+        }
+    }
+}
+
+/// Waits for the node to report a new boot id; reboots again, or escalates, when it does not.
+fn await_boot(mut wf: Workflow, seen: &Observation, limits: &Limits) -> Transition {
+    let now = seen.now_ms;
+    if !seen.boot_id.is_empty() && seen.boot_id != wf.boot_id_before {
+        return goto(wf, Step::Validate, now);
+    }
+    let deadline = wf.issued_ms.unwrap_or(now) + millis(limits.timeouts.reboot_timeout);
+    if now < deadline {
+        let until_ms = deadline.min(now + AWAIT_POLL_MS);
+        return Transition::stay(wf, Effect::WaitUntil { until_ms });
+    }
+    if wf.attempt < limits.timeouts.reboot_attempts {
+        wf.attempt += 1;
+        wf.issued_ms = None;
+        let warning = "the node did not come back from the reboot: rebooting again";
+        return goto(wf, Step::Repair, now).note(Note::Warning(warning.to_owned()));
+    }
+    escalate(wf, "the node did not come back from its reboots", now)
+}
+
+/// Waits for the replacement to report, then takes it out of work until it is validated.
+fn await_replacement(
+    wf: Workflow,
+    seen: &Observation,
+    done: Option<&Done>,
+    limits: &Limits,
+) -> Transition {
+    let now = seen.now_ms;
+    let Some(new_node) = wf.replacement.clone() else {
+        return goto(wf, Step::Repair, now);
+    };
+    if matches!(done, Some(Done::ReplacementDrained)) {
+        return goto(wf, Step::Validate, now);
+    }
+    if seen.replacement_reported {
+        let reason = format!("{DRAIN_REASON_PREFIX}validating as the replacement of {}", wf.node);
+        return Transition::stay(wf, Effect::DrainReplacement { node: new_node, reason });
+    }
+    let deadline = wf.issued_ms.unwrap_or(now) + millis(limits.timeouts.replace_timeout);
+    if now < deadline {
+        let until_ms = deadline.min(now + AWAIT_POLL_MS);
+        return Transition::stay(wf, Effect::WaitUntil { until_ms });
+    }
+    quarantine(wf, &format!("the replacement {new_node} never reported"), now)
+}
+
+/// Puts the node (or its replacement) back, unless someone else drained it meanwhile.
+fn undrain(wf: Workflow, done: Option<&Done>, now: u64) -> Transition {
+    match done {
+        Some(Done::Undrained(UndrainOutcome::DrainedByOther(reason))) => {
+            let warning = format!("left drained: someone else drained it ({reason})");
+            quarantine(wf, "drained by someone else during the repair", now)
+                .note(Note::Warning(warning))
+        }
+        Some(Done::Undrained(_)) => {
+            let outcome = match wf.kind {
+                WorkflowKind::Release => Outcome::Released,
+                _ => Outcome::Repaired,
+            };
+            finish(wf, outcome, now)
+        }
+        _ => {
+            let effect = Effect::Undrain { node: wf.target().to_owned() };
+            Transition::stay(wf, effect)
         }
     }
 }

@@ -12,6 +12,7 @@ use fleetmend_proto::{
     RecommendedAction, Report, ReportReply, ReportTrigger, RunRank, SignalRank, Status, Verdict,
     WIRE_VERSION, command_kind,
 };
+use fleetmend_repairer::clock::{SharedClock, SystemClock};
 use fleetmend_repairer::config::RepairerConfig;
 use fleetmend_repairer::engine::{BreakerState, NodeSummary};
 use fleetmend_repairer::model::{Event, EventKind, NodeState};
@@ -96,6 +97,12 @@ impl Drop for Harness {
 impl Harness {
     /// Starts a repairer with [`test_config`] changed by `adjust`.
     pub async fn start(adjust: impl FnOnce(&mut RepairerConfig)) -> Harness {
+        Harness::start_on(SystemClock::shared(), adjust).await
+    }
+
+    /// [`Harness::start`] with every part of the repairer on `clock` (a virtual one moves only when
+    /// the test advances it).
+    pub async fn start_on(clock: SharedClock, adjust: impl FnOnce(&mut RepairerConfig)) -> Harness {
         let dir = tempfile::tempdir().unwrap();
         let mut config = test_config(dir.path());
         adjust(&mut config);
@@ -106,14 +113,14 @@ impl Harness {
         let scheduler = Arc::new(MemoryScheduler::new());
         let provider = Arc::new(FakeProvider::new());
         let (shutdown, stopped) = oneshot::channel::<()>();
-        let repairer = service::start_with(
-            config,
-            Some(scheduler.clone() as Arc<dyn Scheduler>),
-            Some(provider.clone() as Arc<dyn Provider>),
-            async move {
-                let _ = stopped.await;
-            },
-        )
+        let given = service::Given {
+            scheduler: Some(scheduler.clone() as Arc<dyn Scheduler>),
+            provider: Some(provider.clone() as Arc<dyn Provider>),
+            clock,
+        };
+        let repairer = service::start_given(config, given, async move {
+            let _ = stopped.await;
+        })
         .await
         .unwrap();
         let base = format!("http://{}", repairer.local_addr);
