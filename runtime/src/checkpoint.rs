@@ -1,4 +1,4 @@
-//! The checkpoint protocol (`DESIGN.md`, "The checkpoint protocol"): how any job saves its state
+//! The checkpoint protocol (`docs/checkpoint-protocol.md`): how any job saves its state
 //! so that it can be stopped on one node and go on from the same step on another.
 //!
 //! A checkpoint is a directory `step-<N>/` (N zero-padded so names sort like steps) inside the

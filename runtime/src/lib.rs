@@ -1,9 +1,10 @@
 //! The fleetmend runtime: what runs a training job and lets it survive losing a node.
 //!
-//! - [`checkpoint`]: the checkpoint protocol any job can speak (see `DESIGN.md`): the environment
-//!   each rank is started with ([`checkpoint::ProtocolEnv`]), writing a checkpoint directory that
-//!   appears atomically and complete ([`checkpoint::CheckpointWriter`]), finding the newest one that
-//!   verifies ([`checkpoint::newest_valid`]) and keeping the last few ([`checkpoint::prune`]).
+//! - [`checkpoint`]: the checkpoint protocol any job can speak (`docs/checkpoint-protocol.md`):
+//!   the environment each rank is started with ([`checkpoint::ProtocolEnv`]), writing a checkpoint
+//!   directory that appears atomically and complete ([`checkpoint::CheckpointWriter`]), finding the
+//!   newest one that verifies ([`checkpoint::newest_valid`]) and keeping the last few
+//!   ([`checkpoint::prune`]).
 //! - [`collective`]: ranks meet through `MASTER_ADDR`/`MASTER_PORT` and average gradients with a
 //!   deterministic ring all-reduce over TCP ([`collective::Communicator`]); a dead or silent peer
 //!   fails every rank within the collective timeout, naming it.

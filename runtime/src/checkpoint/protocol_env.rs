@@ -1,5 +1,5 @@
-//! The environment every rank of a job is started with (`DESIGN.md`, "The checkpoint protocol"):
-//! torchrun's variables plus fleetmend's.
+//! The environment every rank of a job is started with: torchrun's variables plus fleetmend's
+//! (`docs/checkpoint-protocol.md`, "Environment").
 
 use std::ffi::{OsStr, OsString};
 use std::fmt;

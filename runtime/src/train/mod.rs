@@ -1,5 +1,5 @@
 //! `fleetmend train`: the bundled data-parallel trainer (a small GPT-style byte-level language
-//! model on candle), speaking the checkpoint protocol (`DESIGN.md`).
+//! model on candle), speaking the checkpoint protocol (`docs/checkpoint-protocol.md`).
 //!
 //! Every rank runs the same loop. At each step it computes the loss and gradients of its own
 //! batch, gathers the gradients into one flat vector in the model's fixed parameter order, and
