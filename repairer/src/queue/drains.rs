@@ -1,0 +1,142 @@
+//! The queue as the repairer's `Scheduler`: drains (fleetmend's and an admin's), the jobs on a
+//! node, checkpoint and requeue.
+
+use std::collections::BTreeMap;
+
+use fleetmend_proto::RankSignal;
+
+use super::{
+    DRAINED_KEY, Job, JobQueue, JobState, NAME, QueueDrain, QueueState, StopCause, reindex,
+};
+use crate::model::{EventKind, Severity};
+use crate::scheduler::{DRAIN_REASON_PREFIX, JobRef, SchedulerError, UndrainOutcome};
+
+impl JobQueue {
+    /// Drains `node` as an admin would outside fleetmend (the reason is not fleetmend's, so
+    /// fleetmend never undrains it).
+    pub fn admin_drain(&self, node: &str, reason: &str) -> Result<(), SchedulerError> {
+        self.drain_node(node, reason)
+    }
+
+    /// The nodes drained in the queue, with their reasons.
+    pub fn drained(&self) -> BTreeMap<String, QueueDrain> {
+        self.lock().drained.clone()
+    }
+
+    fn save_drains(&self, drained: &BTreeMap<String, QueueDrain>) -> Result<(), SchedulerError> {
+        let saved = self.events.store().put_setting(DRAINED_KEY, drained);
+        self.events.write("put_setting", saved).map_err(|err| SchedulerError::Failed {
+            scheduler: NAME,
+            operation: "drain",
+            message: err.to_string(),
+        })
+    }
+
+    pub(crate) fn drain_node(&self, node: &str, reason: &str) -> Result<(), SchedulerError> {
+        let now = self.clock.now_ms();
+        let mut state = self.lock();
+        if !state.drained.contains_key(node) {
+            // An admin's drain stays theirs: a later fleetmend drain does not take it over.
+            let mut drained = state.drained.clone();
+            drained
+                .insert(node.to_owned(), QueueDrain { reason: reason.to_owned(), since_ms: now });
+            self.save_drains(&drained)?;
+            state.drained = drained;
+        }
+        let on_node: Vec<String> = state
+            .jobs
+            .values()
+            .filter(|j| matches!(j.state, JobState::Starting | JobState::Running))
+            .filter(|j| j.ranks.iter().any(|r| r.node == node && r.live()))
+            .map(|j| j.id.clone())
+            .collect();
+        for id in on_node {
+            if let Some(job) = state.jobs.get_mut(&id) {
+                let rank = job.ranks.iter().find(|r| r.node == node).map_or(0, |r| r.rank);
+                let why = format!("rank {rank} on {node}: its node was drained ({reason})");
+                self.event(
+                    EventKind::JobRankFailed,
+                    Severity::Warning,
+                    Some(node),
+                    self.about(job, &why),
+                );
+                self.begin_stop(job, StopCause::Restart, &why, now);
+            }
+        }
+        reindex(&mut state);
+        Ok(())
+    }
+
+    /// Puts `node` back in the queue's placement, only if fleetmend drained it.
+    pub(crate) fn undrain_node(&self, node: &str) -> Result<UndrainOutcome, SchedulerError> {
+        let mut state = self.lock();
+        Ok(match state.drained.get(node) {
+            None => UndrainOutcome::NotDrained,
+            Some(drain) if !drain.reason.starts_with(DRAIN_REASON_PREFIX) => {
+                UndrainOutcome::DrainedByOther(drain.reason.clone())
+            }
+            Some(_) => {
+                let mut drained = state.drained.clone();
+                drained.remove(node);
+                self.save_drains(&drained).map_err(|err| match err {
+                    SchedulerError::Failed { message, .. } => {
+                        SchedulerError::Failed { scheduler: NAME, operation: "undrain", message }
+                    }
+                    other => other,
+                })?;
+                state.drained = drained;
+                UndrainOutcome::Undrained
+            }
+        })
+    }
+
+    /// The active jobs with a live rank on `node`.
+    pub(crate) fn jobs_on_node(&self, node: &str) -> Vec<JobRef> {
+        self.lock()
+            .jobs
+            .values()
+            .filter(|j| j.state.is_active())
+            .filter(|j| j.ranks.iter().any(|r| r.node == node && r.live()))
+            .map(|j| JobRef { id: j.id.clone(), nodes: j.nodes.clone() })
+            .collect()
+    }
+
+    /// SIGUSR1 to the live ranks of `job` (a job already stopping was asked when its stop began).
+    pub(crate) fn request_checkpoint(&self, job: &str) -> Result<(), SchedulerError> {
+        let mut state = self.lock();
+        let job = Self::job_or_unknown(&mut state, job)?;
+        if matches!(job.state, JobState::Starting | JobState::Running) {
+            let sent = self.signal_live(job, RankSignal::Usr1);
+            self.event(
+                EventKind::JobCheckpointRequested,
+                Severity::Info,
+                None,
+                self.about(job, &format!("SIGUSR1 to ranks {sent:?} (the repairer asked)")),
+            );
+        }
+        Ok(())
+    }
+
+    /// Stops `job` to restart it from its newest checkpoint. Idempotent: a job stopping, queued or
+    /// done is left as it is.
+    pub(crate) fn requeue_job(&self, job: &str) -> Result<(), SchedulerError> {
+        let now = self.clock.now_ms();
+        let mut state = self.lock();
+        let job = Self::job_or_unknown(&mut state, job)?;
+        if matches!(job.state, JobState::Starting | JobState::Running) {
+            self.begin_stop(job, StopCause::Restart, "requeued by the repairer", now);
+        }
+        reindex(&mut state);
+        Ok(())
+    }
+
+    fn job_or_unknown<'a>(
+        state: &'a mut QueueState,
+        job: &str,
+    ) -> Result<&'a mut Job, SchedulerError> {
+        state
+            .jobs
+            .get_mut(job)
+            .ok_or_else(|| SchedulerError::UnknownJob { scheduler: NAME, job: job.to_owned() })
+    }
+}

@@ -1,0 +1,257 @@
+//! Time-based work: start timeouts, lost nodes, placement of waiting jobs, launching their ranks
+//! and saving progress.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use fleetmend_proto::jobs::{PROGRESS_TOKEN_VAR, PROGRESS_URL_VAR, command_with_args};
+use fleetmend_proto::{NodeCommand, RankKey, RunRank, command_kind};
+use fleetmend_runtime::checkpoint::ProtocolEnv;
+
+use super::placement::{self, Candidate, Placement, Waiting};
+use super::{
+    AttemptRecord, Job, JobQueue, JobState, QueueState, RankRecord, StopCause, Unusable, reindex,
+    restarting, set_state,
+};
+use crate::model::{EventKind, NodeState, Severity};
+
+impl JobQueue {
+    /// Time-based work: start timeouts, lost nodes, the stop sequence, placement, saving progress.
+    pub fn tick(&self, now: u64) {
+        // The engine's lock is taken before the queue's, never inside it.
+        let health: BTreeMap<String, (NodeState, u64)> = self
+            .fleet
+            .node_health()
+            .into_iter()
+            .map(|n| (n.name, (n.state, n.last_report_ms)))
+            .collect();
+        let mut state = self.lock();
+        let drained = state.drained.clone();
+        let unusable = |node: &str| -> Option<String> {
+            if let Some(drain) = drained.get(node) {
+                return Some(format!("its node was drained ({})", drain.reason));
+            }
+            match health.get(node) {
+                Some((NodeState::Healthy | NodeState::Suspect, _)) | None => None,
+                Some((state, _)) => Some(format!("its node is {state}")),
+            }
+        };
+        let active: Vec<String> =
+            state.jobs.values().filter(|j| j.state.is_active()).map(|j| j.id.clone()).collect();
+        for id in &active {
+            if let Some(job) = state.jobs.get_mut(id) {
+                self.advance(job, now, Some(&unusable));
+            }
+        }
+        reindex(&mut state);
+        self.place_waiting(&mut state, &health, now);
+        reindex(&mut state);
+        let dirty = std::mem::take(&mut state.dirty);
+        for id in dirty {
+            if let Some(job) = state.jobs.get(&id) {
+                self.save(job);
+            }
+        }
+        let grace = self.config.stop_grace.as_millis() as u64 * 4;
+        state.stale_kills.retain(|_, sent| now.saturating_sub(*sent) < grace);
+    }
+
+    fn place_waiting(
+        &self,
+        state: &mut QueueState,
+        health: &BTreeMap<String, (NodeState, u64)>,
+        now: u64,
+    ) {
+        let waiting: Vec<Waiting<'_>> = state
+            .jobs
+            .values()
+            .filter(|j| j.state == JobState::Queued || restarting(j))
+            .map(|j| Waiting {
+                id: &j.id,
+                nodes: j.spec.nodes,
+                priority: j.spec.priority,
+                requeued: j.restarts > 0,
+                seq: j.seq,
+                previous_port: j.master_port,
+                stopping: restarting(j),
+            })
+            .collect();
+        if waiting.is_empty() {
+            return;
+        }
+        let mut busy: BTreeSet<&str> = BTreeSet::new();
+        let mut ports: BTreeSet<u16> = BTreeSet::new();
+        for job in state.jobs.values().filter(|j| j.state.is_active()) {
+            // A starting or running job holds its whole allocation until it ends, as a gang
+            // does: a rank that finished early keeps its node (the job may yet restart on it).
+            // A stopping one frees each node as its rank goes, so a lost rank on a dead node
+            // does not hold the queue.
+            let holds = |r: &&RankRecord| job.state != JobState::Stopping || r.live();
+            busy.extend(job.ranks.iter().filter(holds).map(|r| r.node.as_str()));
+            ports.extend(job.master_port);
+        }
+        for (name, seen) in &state.nodes {
+            if !seen.live.is_empty() {
+                busy.insert(name);
+            }
+        }
+        let candidates: Vec<Candidate<'_>> = health
+            .iter()
+            .map(|(name, (node_state, last_report_ms))| Candidate {
+                name,
+                state: *node_state,
+                last_report_ms: *last_report_ms,
+                address: state.nodes.get(name).and_then(|n| n.address.as_deref()),
+                drained: state.drained.contains_key(name),
+                busy: busy.contains(name.as_str()),
+            })
+            .collect();
+        let (placements, blocked) = placement::place(
+            &waiting,
+            &candidates,
+            &ports,
+            self.config.master_port_min..=self.config.master_port_max,
+            now,
+            self.unreachable_window_ms,
+        );
+        for placement in placements {
+            if let Some(job) = state.jobs.get_mut(&placement.job) {
+                self.launch(job, placement, now);
+            }
+        }
+        if let Some(blocked) = blocked
+            && let Some(job) = state.jobs.get_mut(&blocked.job)
+            && job.reason != blocked.why
+        {
+            job.reason = blocked.why;
+            self.save(job);
+        }
+    }
+
+    fn launch(&self, job: &mut Job, placement: Placement, now: u64) {
+        job.nodes = placement.nodes;
+        job.master_addr = Some(placement.master_addr);
+        job.master_port = Some(placement.master_port);
+        job.stop = None;
+        job.ranks = job
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(rank, node)| RankRecord {
+                rank: rank as u32,
+                node: node.clone(),
+                launched_ms: now,
+                status: None,
+                progress: None,
+            })
+            .collect();
+        job.history.push(AttemptRecord {
+            attempt: job.attempt,
+            nodes: job.nodes.clone(),
+            started_ms: now,
+            ..AttemptRecord::default()
+        });
+        job.measured.steps_per_second = None;
+        let what = format!(
+            "started on {} (MASTER_ADDR={} MASTER_PORT={})",
+            job.nodes.join(", "),
+            job.master_addr.as_deref().unwrap_or(""),
+            placement.master_port
+        );
+        set_state(job, JobState::Starting, &what, now);
+        self.event(EventKind::JobStarted, Severity::Info, None, self.about(job, &what));
+        for rank in &job.ranks {
+            self.commands.push(&rank.node, self.run_rank_command(job, rank));
+        }
+        self.save(job);
+    }
+
+    pub(super) fn run_rank_command(&self, job: &Job, rank: &RankRecord) -> NodeCommand {
+        let protocol = ProtocolEnv {
+            rank: rank.rank,
+            world_size: job.ranks.len() as u32,
+            local_rank: 0,
+            master_addr: job.master_addr.clone().unwrap_or_else(|| job.nodes[0].clone()),
+            master_port: job.master_port.unwrap_or(self.config.master_port_min),
+            job_id: job.id.clone(),
+            checkpoint_dir: PathBuf::from(&job.spec.checkpoint_dir),
+            restart_count: job.attempt,
+        };
+        let mut env = job.spec.env.clone();
+        for (var, value) in protocol.to_env() {
+            env.insert(var.to_owned(), value.to_string_lossy().into_owned());
+        }
+        let base = &self.progress_base;
+        env.insert(PROGRESS_URL_VAR.to_owned(), format!("{base}/v1/jobs/{}/progress", job.id));
+        env.insert(PROGRESS_TOKEN_VAR.to_owned(), job.progress_token.clone());
+        let run = RunRank {
+            key: RankKey { job: job.id.clone(), attempt: job.attempt, rank: rank.rank },
+            argv: job.spec.argv.clone(),
+            env,
+            workdir: None,
+        };
+        command_with_args(
+            format!("run-rank-{}-{}-{}", job.id, job.attempt, rank.rank),
+            command_kind::RUN_RANK,
+            &run,
+        )
+    }
+
+    /// Moves a job on: failures stop it, all ranks done completes it, the stop sequence goes on.
+    /// `unusable` says why a node can no longer run a rank (the tick's view of the nodes).
+    pub(super) fn advance(&self, job: &mut Job, now: u64, unusable: Option<&Unusable<'_>>) {
+        match job.state {
+            JobState::Starting | JobState::Running => {
+                let start_timeout = self.config.start_timeout.as_millis() as u64;
+                let failure = job
+                    .ranks
+                    .iter()
+                    .find_map(|r| r.failure().map(|why| (r.node.clone(), why)))
+                    .or_else(|| {
+                        job.ranks
+                            .iter()
+                            .find(|r| {
+                                r.status.is_none()
+                                    && now.saturating_sub(r.launched_ms) > start_timeout
+                            })
+                            .map(|r| {
+                                let why = format!(
+                                    "rank {} on {} did not start within {}",
+                                    r.rank,
+                                    r.node,
+                                    humantime::format_duration(self.config.start_timeout)
+                                );
+                                (r.node.clone(), why)
+                            })
+                    })
+                    .or_else(|| {
+                        let unusable = unusable?;
+                        job.ranks.iter().filter(|r| r.live()).find_map(|r| {
+                            let why = unusable(&r.node)?;
+                            Some((r.node.clone(), format!("rank {} on {}: {why}", r.rank, r.node)))
+                        })
+                    });
+                if let Some((node, why)) = failure {
+                    self.event(
+                        EventKind::JobRankFailed,
+                        Severity::Warning,
+                        Some(&node),
+                        self.about(job, &why),
+                    );
+                    self.begin_stop(job, StopCause::Restart, &why, now);
+                    return;
+                }
+                if !job.ranks.is_empty() && job.ranks.iter().all(RankRecord::succeeded) {
+                    self.complete(job, now);
+                    return;
+                }
+                if job.state == JobState::Starting && job.ranks.iter().all(|r| r.status.is_some()) {
+                    set_state(job, JobState::Running, "every rank is running", now);
+                    self.save(job);
+                }
+            }
+            JobState::Stopping => self.advance_stop(job, now),
+            _ => {}
+        }
+    }
+}
