@@ -9,7 +9,8 @@
 //!   deterministic ring all-reduce over TCP ([`collective::Communicator`]); a dead or silent peer
 //!   fails every rank within the collective timeout, naming it.
 //!
-//! The bundled job queue and data-parallel trainer build on them.
+//! - `train` (feature `trainer`): the bundled data-parallel trainer (`fleetmend train`), built on
+//!   both. The bundled job queue that places its ranks lives in the repairer.
 
 pub mod checkpoint;
 pub mod collective;

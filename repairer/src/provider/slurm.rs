@@ -2,7 +2,7 @@
 //! reason="..." NODE`, so the node's own `RebootProgram` (slurm.conf) reboots it and Slurm knows
 //! the node is rebooting. It reaches Slurm with the `[slurm]` section's settings (`bin_dir`,
 //! `slurm_conf`, `node_names`, `command_timeout`, the retries while slurmctld is unreachable) and
-//! Slurm's command runner of [`crate::slurm`]. No replace.
+//! Slurm's command runner of [`crate::scheduler::slurm`]. No replace.
 //!
 //! `nextstate=DOWN`, never `RESUME`: fleetmend keeps a rebooted node out of service until its own
 //! validation passed and it undrains the node itself. On a real Slurm 22.05 cluster, a node that
