@@ -1,0 +1,235 @@
+//! Rules: which findings they match, when a match is due (debounce), the built-in rules, and the
+//! verdict the matching findings of one node come to.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use fleetmend_proto::{Finding, RecommendedAction, Status};
+use serde::{Deserialize, Serialize};
+
+use super::Verdict;
+use crate::model::{FindingSource, RuleAction, TrackedFinding};
+
+/// What a rule does when it matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RuleActionSpec {
+    None,
+    Alert,
+    Drain,
+    Reboot,
+    Replace,
+    /// Follow the agent's recommendation on the finding (from its Xid catalog and DCGM
+    /// thresholds): reset-gpu and reboot → reboot, replace → replace, drain → drain, restart-app and
+    /// none → alert.
+    Recommended,
+}
+
+impl RuleActionSpec {
+    fn resolve(self, finding: &Finding) -> RuleAction {
+        match self {
+            RuleActionSpec::None => RuleAction::None,
+            RuleActionSpec::Alert => RuleAction::Alert,
+            RuleActionSpec::Drain => RuleAction::Drain,
+            RuleActionSpec::Reboot => RuleAction::Reboot,
+            RuleActionSpec::Replace => RuleAction::Replace,
+            RuleActionSpec::Recommended => match finding.action {
+                RecommendedAction::None | RecommendedAction::RestartApp => RuleAction::Alert,
+                RecommendedAction::Drain => RuleAction::Drain,
+                // No provider resets a single GPU yet; a reboot resets every GPU.
+                RecommendedAction::ResetGpu | RecommendedAction::Reboot => RuleAction::Reboot,
+                RecommendedAction::Replace => RuleAction::Replace,
+            },
+        }
+    }
+}
+
+/// One rule (`[[policy.rules]]`). A finding is handled by the first rule that matches it, user
+/// rules before built-in ones; a user rule with a built-in's name replaces that built-in.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleConfig {
+    /// Unique name; events name the rule that decided.
+    pub name: String,
+    /// Only findings from this source (agent, alertmanager, cloudwatch, repairer).
+    #[serde(default)]
+    pub source: Option<FindingSource>,
+    /// Only findings of this check (`gpu`, `kernel_log`, `nic`, `disk`, `host`, ...).
+    #[serde(default)]
+    pub check: Option<String>,
+    /// Only findings with this id (`xid`, `nic_down`, ...).
+    #[serde(default)]
+    pub finding: Option<String>,
+    /// Each named label must have one of the listed values (e.g. `{ xid = ["79"] }`).
+    #[serde(default)]
+    pub labels: BTreeMap<String, Vec<String>>,
+    /// Statuses that match. Default: fail.
+    #[serde(default = "default_statuses")]
+    pub status: Vec<Status>,
+    /// What to do.
+    pub action: RuleActionSpec,
+    /// Debounce: observations in a row before acting (default 1).
+    #[serde(default = "one")]
+    pub observations: u32,
+    /// Debounce: how long the finding must have been present before acting (default 0s).
+    #[serde(default, rename = "for", with = "humantime_serde")]
+    pub for_duration: Duration,
+}
+
+fn default_statuses() -> Vec<Status> {
+    vec![Status::Fail]
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl RuleConfig {
+    fn matches(&self, tracked: &TrackedFinding) -> bool {
+        let finding = &tracked.finding;
+        self.source.is_none_or(|s| s == tracked.source)
+            && self.check.as_deref().is_none_or(|c| c == finding.check)
+            && self.finding.as_deref().is_none_or(|f| f == finding.finding)
+            && self.status.contains(&finding.status)
+            && self.labels.iter().all(|(key, values)| {
+                finding.labels.get(key).is_some_and(|value| values.iter().any(|v| v == value))
+            })
+    }
+
+    fn debounced(&self, tracked: &TrackedFinding, now_ms: u64) -> bool {
+        tracked.observations >= self.observations
+            && now_ms.saturating_sub(tracked.first_seen_ms) >= self.for_duration.as_millis() as u64
+    }
+}
+
+pub(super) fn rule(name: &str, action: RuleActionSpec) -> RuleConfig {
+    RuleConfig {
+        name: name.to_owned(),
+        source: None,
+        check: None,
+        finding: None,
+        labels: BTreeMap::new(),
+        status: default_statuses(),
+        action,
+        observations: 1,
+        for_duration: Duration::ZERO,
+    }
+}
+
+/// The built-in rules, from the vendor's Xid catalog and DCGM's health rules. Any of them can be
+/// replaced by a user rule of the same name, or all turned off with `builtin_rules = false`.
+pub fn builtin_rules() -> Vec<RuleConfig> {
+    let xid = |name: &str, codes: &[&str], action| RuleConfig {
+        finding: Some("xid".to_owned()),
+        labels: BTreeMap::from([(
+            "xid".to_owned(),
+            codes.iter().map(|c| (*c).to_owned()).collect(),
+        )]),
+        ..rule(name, action)
+    };
+    vec![
+        // The GPU fell off the bus: only a node reboot brings it back.
+        xid("xid-fallen-off-bus", &["79"], RuleActionSpec::Reboot),
+        // Double-bit ECC, uncontained errors, GSP errors: a GPU reset, which a reboot also does.
+        xid("xid-gpu-reset", &["48", "95", "119", "120", "140"], RuleActionSpec::Reboot),
+        // A node that stopped reporting: reboot through the provider (its BMC can, its agent cannot).
+        RuleConfig {
+            source: Some(FindingSource::Repairer),
+            finding: Some("unreachable".to_owned()),
+            ..rule("unreachable", RuleActionSpec::Reboot)
+        },
+        // A GPU count short of expected is debounced by the agent already (after boot).
+        RuleConfig {
+            check: Some("gpu".to_owned()),
+            finding: Some("gpu_count".to_owned()),
+            ..rule("gpu-missing", RuleActionSpec::Reboot)
+        },
+        // External alerts (Alertmanager, CloudWatch) that fail a node take it out of work; a
+        // person's rule decides more.
+        RuleConfig {
+            source: Some(FindingSource::Alertmanager),
+            ..rule("alertmanager-fail", RuleActionSpec::Drain)
+        },
+        RuleConfig {
+            source: Some(FindingSource::Cloudwatch),
+            ..rule("cloudwatch-fail", RuleActionSpec::Drain)
+        },
+        // Everything else the agent fails: its recommendation. Two observations so a single
+        // glitchy poll does not take a node out; events (Xid, kernel log) are caught above or
+        // arrive in every report while their window lasts.
+        RuleConfig {
+            source: Some(FindingSource::Agent),
+            observations: 2,
+            ..rule("agent-recommendation", RuleActionSpec::Recommended)
+        },
+        // Warnings: tell someone, leave the node at work.
+        RuleConfig { status: vec![Status::Warn], ..rule("warnings", RuleActionSpec::Alert) },
+    ]
+}
+
+/// Longest part of a finding's message in a decision's reason (the reason becomes a Slurm drain
+/// reason and an alert's text: what an operator reads first).
+pub(super) const REASON_MESSAGE_CHARS: usize = 120;
+
+/// `": <message>"`, on one line and cut to [`REASON_MESSAGE_CHARS`]; empty for no message.
+pub(super) fn message_part(message: &str) -> String {
+    let line: String = message.split_whitespace().collect::<Vec<_>>().join(" ");
+    if line.is_empty() {
+        return String::new();
+    }
+    let mut cut: String = line.chars().take(REASON_MESSAGE_CHARS).collect();
+    if cut.len() < line.len() {
+        cut.push('…');
+    }
+    format!(": {cut}")
+}
+
+/// The verdict of the most disruptive rule due on any finding (collecting the findings that lead
+/// to the same action), and whether a disruptive rule matched but waits for its debounce.
+pub(super) fn best_verdict(
+    findings: &[TrackedFinding],
+    rules: &[RuleConfig],
+    now_ms: u64,
+) -> (Option<Verdict>, bool) {
+    let mut best: Option<Verdict> = None;
+    let mut pending = false;
+    for tracked in findings {
+        // First matching rule wins for each finding.
+        let Some(rule) = rules.iter().find(|r| r.matches(tracked)) else { continue };
+        let action = rule.action.resolve(&tracked.finding);
+        if action == RuleAction::None {
+            continue;
+        }
+        if !rule.debounced(tracked, now_ms) {
+            pending |= action.is_disruptive();
+            continue;
+        }
+        match &mut best {
+            Some(verdict) if verdict.action == action => {
+                verdict.findings.push(tracked.finding.clone());
+            }
+            Some(verdict) if verdict.action.weight() > action.weight() => {}
+            _ => {
+                best = Some(Verdict {
+                    action,
+                    rule: rule.name.clone(),
+                    reason: format!(
+                        "{} {}{} is {}{} ({} observation(s))",
+                        tracked.finding.check,
+                        tracked.finding.finding,
+                        if tracked.finding.subject.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" on {}", tracked.finding.subject)
+                        },
+                        tracked.finding.status,
+                        message_part(&tracked.finding.message),
+                        tracked.observations
+                    ),
+                    findings: vec![tracked.finding.clone()],
+                })
+            }
+        }
+    }
+    (best, pending)
+}
