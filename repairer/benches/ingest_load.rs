@@ -12,7 +12,14 @@
 //!    over the phase; each fatal node's later heartbeats carry the finding too, as an agent's would;
 //! 5. drain latency: for each fatal node, the time from sending the report to the drain call,
 //!    from the audit log (`GET /v1/events?node=`: the first `workflow-step` event is written right
-//!    after the scheduler's drain call returned) and from `fleetmend_time_to_drain_seconds`.
+//!    after the scheduler's drain call returned) and from `fleetmend_time_to_drain_seconds`;
+//! 6. storm (`--storm N`, default 1,000; 0 skips it): an idle window (no reports: the repairer's
+//!    own CPU is its tick) and the paced load again, then N other nodes report the fatal finding
+//!    at once, with the breaker set to open on the first of them (the paced phase's fatal nodes
+//!    stay below it, so they drain as without a storm), so all N are held by the breaker and
+//!    re-decided on every tick; then the idle window and the paced load again while they are
+//!    held (their heartbeats carry the finding). Before/after: the tick's cost and report latency
+//!    with and without a held storm. Each storm node's audit log tells whether the breaker held it.
 //!
 //! With `--warn N`, N other nodes carry a lasting warning in every report (a disk filling up):
 //! the repairer re-decides about such nodes on every tick, which must not cost the ingest.
@@ -94,6 +101,13 @@ struct Options {
     /// re-decides about such nodes on every tick, so this shows what a fleet with some
     /// long-lived warnings costs.
     warn: usize,
+    /// Distinct nodes that report a fatal finding at once after the paced phase, with the breaker
+    /// set to open on the first of them: all are held while the rest of the fleet reports (0: no
+    /// storm phase).
+    storm: usize,
+    /// Length of each idle window (no reports) in which the repairer's own CPU is measured, once
+    /// before the storm and once while it is held: the cost of its tick.
+    idle: Duration,
     /// Worker threads of the load generator (1: a current-thread runtime, the least CPU).
     threads: usize,
     /// Also write the results as JSON here.
@@ -113,6 +127,8 @@ impl Options {
             rate: 20_000.0,
             fatal: 200,
             warn: 0,
+            storm: 1_000,
+            idle: Duration::from_secs(10),
             threads: 1,
             json: None,
         };
@@ -143,13 +159,19 @@ impl Options {
                         .parse()
                         .map_err(|_| LoadError::Usage("--warn: not a whole number".to_owned()))?
                 }
+                "--storm" => {
+                    options.storm = value(&arg)?
+                        .parse()
+                        .map_err(|_| LoadError::Usage("--storm: not a whole number".to_owned()))?
+                }
+                "--idle" => options.idle = Duration::from_secs_f64(number(&arg, value(&arg)?)?),
                 "--threads" => options.threads = number(&arg, value(&arg)?)? as usize,
                 "--json" => options.json = Some(PathBuf::from(value(&arg)?)),
                 "-h" | "--help" => {
                     return Err(LoadError::Usage(
                         "ingest_load [--repairer-bin PATH] [--nodes 100000] [--connections 128] \
-                         [--duration SECONDS(20)] [--rate 20000] [--fatal 200] [--warn 0] [--threads 1] \
-                         [--json FILE]"
+                         [--duration SECONDS(20)] [--rate 20000] [--fatal 200] [--warn 0] [--storm 1000] \
+                         [--idle SECONDS(10)] [--threads 1] [--json FILE]"
                             .to_owned(),
                     ));
                 }
@@ -162,6 +184,11 @@ impl Options {
         if options.fatal > options.nodes / 2 || options.warn > options.nodes / 2 {
             return Err(LoadError::Usage(
                 "--fatal and --warn must each be at most half of --nodes".to_owned(),
+            ));
+        }
+        if options.fatal + options.warn + options.storm > options.nodes {
+            return Err(LoadError::Usage(
+                "--fatal, --warn and --storm together must not exceed --nodes".to_owned(),
             ));
         }
         Ok(options)
@@ -221,6 +248,30 @@ async fn stopped() -> &'static str {
 
 // --- the repairer under test -------------------------------------------------------------------
 
+/// The breaker in the repairer's config.
+#[derive(Debug, Clone, Copy)]
+struct BreakerSettings {
+    fraction: f64,
+    min_nodes: usize,
+}
+
+impl BreakerSettings {
+    /// Without a storm: the defaults (more than 20 % of the fleet, at least 3 nodes, turned
+    /// unhealthy within 10 min), far above the paced phase's fatal nodes. With one: the breaker
+    /// opens on the first node past the paced phase's `fatal` (those still drain, as without a
+    /// storm), so the storm's first node opens it and every storm node is held. The fraction
+    /// (half of `fatal`) never binds before the count does.
+    fn for_run(options: &Options) -> BreakerSettings {
+        if options.storm == 0 {
+            return BreakerSettings { fraction: 0.20, min_nodes: 3 };
+        }
+        BreakerSettings {
+            fraction: options.fatal.max(1) as f64 / 2.0 / options.nodes as f64,
+            min_nodes: options.fatal + 1,
+        }
+    }
+}
+
 /// The repairer process; killed on drop.
 struct RepairerProcess {
     child: Child,
@@ -230,7 +281,11 @@ struct RepairerProcess {
 }
 
 impl RepairerProcess {
-    fn start(bin: &Path, dir: &Path) -> Result<RepairerProcess, LoadError> {
+    fn start(
+        bin: &Path,
+        dir: &Path,
+        breaker: BreakerSettings,
+    ) -> Result<RepairerProcess, LoadError> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map_err(io("finding a free loopback port"))?
@@ -240,8 +295,8 @@ impl RepairerProcess {
         let config = dir.join("repairer.toml");
         // Guard rails at their defaults except max_concurrent_repairs: the fatal findings here are
         // Xid 79 (reboot), and with 2 repairs at once the rest would be held before their drain.
-        // 200 of 100,000 nodes is 0.2 %: far below max_unavailable_fraction (10 %) and the breaker
-        // (20 % of the fleet within 10 min), written out so the reader sees they cannot interfere.
+        // 200 of 100,000 nodes is 0.2 %: far below max_unavailable_fraction (10 %). The breaker
+        // (see BreakerSettings) is written out so the reader sees what it lets through.
         // unreachable_after: see UNREACHABLE_AFTER.
         let text = format!(
             "listen = \"{addr}\"\n\
@@ -254,12 +309,15 @@ impl RepairerProcess {
              [policy.guard_rails]\n\
              max_concurrent_repairs = 100000\n\
              max_unavailable_fraction = 0.10\n\
-             breaker_fraction = 0.20\n\
+             breaker_fraction = {}\n\
+             breaker_min_nodes = {}\n\
              breaker_window = \"10m\"\n\
              [engine]\n\
              report_interval = \"10s\"\n\
              unreachable_after = {UNREACHABLE_AFTER}\n",
-            store.display()
+            store.display(),
+            breaker.fraction,
+            breaker.min_nodes,
         );
         std::fs::write(&config, text).map_err(io(format!("writing {}", config.display())))?;
         let log = dir.join("repairer.log");
@@ -1026,6 +1084,267 @@ async fn drain_histogram(addr: SocketAddr) -> Option<(f64, f64, f64)> {
     ))
 }
 
+// --- the storm -------------------------------------------------------------------------------
+
+/// Connections the storm's fatal reports arrive on at once.
+const STORM_CONNECTIONS: usize = 32;
+
+/// `count` nodes spread over the fleet, none of them in `taken` (the fatal and warned nodes).
+fn storm_nodes(nodes: usize, count: usize, taken: &[bool]) -> Vec<usize> {
+    let mut taken = taken.to_vec();
+    let stride = nodes / count.max(1);
+    let mut chosen = Vec::with_capacity(count);
+    for k in 0..count {
+        let start = k * stride + stride / 4;
+        if let Some(node) = (0..nodes).map(|i| (start + i) % nodes).find(|&i| !taken[i]) {
+            taken[node] = true;
+            chosen.push(node);
+        }
+    }
+    chosen
+}
+
+/// The storm's fatal reports: every node once, over `STORM_CONNECTIONS` connections back to
+/// back. Returns each answer's ms (sorted), the refused count and the wall time.
+async fn send_storm(shared: Arc<Shared>, nodes: &[usize]) -> (Vec<f64>, usize, f64) {
+    let started = Instant::now();
+    let mut tasks = JoinSet::new();
+    for c in 0..STORM_CONNECTIONS.min(nodes.len()) {
+        let mine: Vec<usize> = nodes.iter().copied().skip(c).step_by(STORM_CONNECTIONS).collect();
+        let shared = shared.clone();
+        tasks.spawn(async move {
+            let mut conn = HttpConn::new(shared.addr);
+            let mut writer = ReportWriter::new();
+            let mut out = Vec::with_capacity(mine.len());
+            for (k, node) in mine.into_iter().enumerate() {
+                let warn = shared.warn[node];
+                // Above the heartbeats' seq, as an agent's event push.
+                let body =
+                    writer.build(node, 2_000_000 + k as u64, true, warn, ReportTrigger::Event);
+                let began = Instant::now();
+                let status = conn.request("POST", "/v1/reports", AGENT_TOKEN, body).await.ok();
+                out.push((began.elapsed().as_secs_f64() * 1000.0, status == Some(200)));
+                // Its later heartbeats carry the finding, as an agent's would.
+                shared.fatal[node].store(true, Ordering::Relaxed);
+            }
+            out
+        });
+    }
+    let mut replies = Vec::with_capacity(nodes.len());
+    let mut refused = 0;
+    while let Some(joined) = tasks.join_next().await {
+        for (ms, ok) in joined.unwrap_or_default() {
+            replies.push(ms);
+            refused += usize::from(!ok);
+        }
+    }
+    replies.sort_by(f64::total_cmp);
+    (replies, refused, started.elapsed().as_secs_f64())
+}
+
+/// `GET /v1/breaker`: whether it is open (None: no answer).
+async fn breaker_open(addr: SocketAddr) -> Option<bool> {
+    let mut conn = HttpConn::new(addr);
+    if conn.request("GET", "/v1/breaker", ADMIN_TOKEN, b"").await.ok()? != 200 {
+        return None;
+    }
+    serde_json::from_slice::<serde_json::Value>(conn.body()).ok()?["open"].as_bool()
+}
+
+/// What became of the storm's nodes, from each one's audit log.
+#[derive(Debug, Default, Clone, Copy)]
+struct StormOutcome {
+    /// An `action-held` event "held (breaker)" and no workflow.
+    held_by_breaker: usize,
+    /// Held by another guard rail.
+    held_otherwise: usize,
+    /// A workflow began (a drain): the breaker was not open yet.
+    acted: usize,
+    /// None of these (or the events could not be read).
+    unknown: usize,
+}
+
+async fn storm_outcome(addr: SocketAddr, nodes: &[usize]) -> StormOutcome {
+    let mut conn = HttpConn::new(addr);
+    let mut outcome = StormOutcome::default();
+    let mut name = String::new();
+    for &node in nodes {
+        node_name(node, &mut name);
+        let path = format!("/v1/events?node={name}&limit=1000");
+        let events = match conn.request("GET", &path, ADMIN_TOKEN, b"").await {
+            Ok(200) => serde_json::from_slice::<Vec<serde_json::Value>>(conn.body()).ok(),
+            _ => None,
+        };
+        let Some(events) = events else {
+            outcome.unknown += 1;
+            continue;
+        };
+        let held = |e: &&serde_json::Value| e["kind"] == "action-held";
+        if events.iter().any(|e| e["kind"] == "workflow-step") {
+            outcome.acted += 1;
+        } else if events
+            .iter()
+            .filter(held)
+            .any(|e| e["reason"].as_str().is_some_and(|r| r.contains("held (breaker)")))
+        {
+            outcome.held_by_breaker += 1;
+        } else if events.iter().any(|e| held(&e)) {
+            outcome.held_otherwise += 1;
+        } else {
+            outcome.unknown += 1;
+        }
+    }
+    outcome
+}
+
+/// The repairer's own CPU while no report is sent: its tick, timers and background loops.
+#[derive(Debug, Clone, Copy)]
+struct IdleResult {
+    wall_s: f64,
+    repairer_cpu_s: f64,
+    machine_cpu_s: f64,
+}
+
+impl IdleResult {
+    fn repairer_cores(&self) -> f64 {
+        self.repairer_cpu_s / self.wall_s
+    }
+}
+
+async fn idle_window(pid: u32, length: Duration) -> IdleResult {
+    let cpu = cpu_seconds(pid);
+    let machine = machine_busy_seconds();
+    let started = Instant::now();
+    tokio::time::sleep(length).await;
+    IdleResult {
+        wall_s: started.elapsed().as_secs_f64(),
+        repairer_cpu_s: cpu_seconds(pid) - cpu,
+        machine_cpu_s: machine_busy_seconds() - machine,
+    }
+}
+
+fn print_idle(name: &str, idle: &IdleResult) {
+    println!(
+        "{name:9} no reports for {:.1} s: repairer {:.4} cores ({:.1} ms of CPU per second, i.e. \
+         per 1 s tick), whole machine {:.2} cores",
+        idle.wall_s,
+        idle.repairer_cores(),
+        idle.repairer_cores() * 1000.0,
+        idle.machine_cpu_s / idle.wall_s,
+    );
+}
+
+/// The storm phase's results.
+struct StormResult {
+    nodes: usize,
+    replies_ms: Vec<f64>,
+    refused: usize,
+    burst_s: f64,
+    open_before: Option<bool>,
+    open_after: Option<bool>,
+    idle_calm: IdleResult,
+    idle_held: IdleResult,
+    calm: PhaseResult,
+    held: PhaseResult,
+    outcome: StormOutcome,
+}
+
+/// Without the storm, then with it held: an idle window (the tick's cost) and the paced load
+/// (report latency) each time, in the same repairer after the same fatal nodes.
+async fn run_storm(
+    options: &Options,
+    workers: Vec<Worker>,
+    shared: &Arc<Shared>,
+    pid: u32,
+    storm: Vec<usize>,
+) -> StormResult {
+    let paced = |start: Instant| Pace::Open {
+        start,
+        until: start + options.duration,
+        rate: options.rate,
+        connections: options.connections,
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle_calm = idle_window(pid, options.idle).await;
+    print_idle("idle", &idle_calm);
+    let (workers, calm) = run_phase("calm", workers, shared, paced(Instant::now()), pid).await;
+    print_phase(&calm);
+
+    let open_before = breaker_open(shared.addr).await;
+    let (replies_ms, refused, burst_s) = send_storm(shared.clone(), &storm).await;
+    let open_after = breaker_open(shared.addr).await;
+    let q = |v: &[f64], q: f64| percentile(v, q);
+    println!(
+        "storm: {} fatal reports over {} connections at once in {:.2} s; their answers p50 \
+         {:.1} ms, p99 {:.1} ms, max {:.1} ms ({refused} refused); breaker before {}, after {}",
+        storm.len(),
+        STORM_CONNECTIONS.min(storm.len()),
+        burst_s,
+        q(&replies_ms, 0.5),
+        q(&replies_ms, 0.99),
+        replies_ms.last().copied().unwrap_or(f64::NAN),
+        open_word(open_before),
+        open_word(open_after),
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle_held = idle_window(pid, options.idle).await;
+    print_idle("idle-held", &idle_held);
+    let (_workers, held) = run_phase("held", workers, shared, paced(Instant::now()), pid).await;
+    print_phase(&held);
+    let outcome = storm_outcome(shared.addr, &storm).await;
+    println!(
+        "storm nodes: {} held by the breaker, {} held by another guard rail, {} acted on (a \
+         workflow began before the breaker opened), {} neither; breaker at the end {}",
+        outcome.held_by_breaker,
+        outcome.held_otherwise,
+        outcome.acted,
+        outcome.unknown,
+        open_word(breaker_open(shared.addr).await),
+    );
+    let delta =
+        idle_held.repairer_cpu_s / idle_held.wall_s - idle_calm.repairer_cpu_s / idle_calm.wall_s;
+    println!(
+        "storm held vs none: report p99 {:.2} ms vs {:.2} ms ({:.2}x); repairer CPU idle {:.1} vs \
+         {:.1} ms per second ({:+.1} ms per 1 s tick: {:+.1} us per held node per tick)",
+        held.quantile_ms(0.99),
+        calm.quantile_ms(0.99),
+        held.quantile_ms(0.99) / calm.quantile_ms(0.99),
+        idle_held.repairer_cores() * 1000.0,
+        idle_calm.repairer_cores() * 1000.0,
+        delta * 1000.0,
+        delta * 1e6 / storm.len().max(1) as f64,
+    );
+    StormResult {
+        nodes: storm.len(),
+        replies_ms,
+        refused,
+        burst_s,
+        open_before,
+        open_after,
+        idle_calm,
+        idle_held,
+        calm,
+        held,
+        outcome,
+    }
+}
+
+fn open_word(open: Option<bool>) -> &'static str {
+    match open {
+        Some(true) => "open",
+        Some(false) => "closed",
+        None => "unknown",
+    }
+}
+
+/// The `q` quantile of sorted values (NaN when empty).
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1]
+}
+
 // --- the run -----------------------------------------------------------------------------------
 
 async fn run(options: Options) -> Result<(), LoadError> {
@@ -1036,7 +1355,8 @@ async fn run(options: Options) -> Result<(), LoadError> {
         )));
     }
     let dir = tempfile::tempdir().map_err(io("creating a temp dir"))?;
-    let mut repairer = RepairerProcess::start(&options.repairer_bin, dir.path())?;
+    let breaker = BreakerSettings::for_run(&options);
+    let mut repairer = RepairerProcess::start(&options.repairer_bin, dir.path(), breaker)?;
     repairer.wait_ready().await?;
     let pid = repairer.pid();
     println!("machine: {}", machine());
@@ -1050,6 +1370,21 @@ async fn run(options: Options) -> Result<(), LoadError> {
         "load: {} nodes ({} with a lasting warning) over {} keep-alive HTTP/1.1 connections, \
          {} load-generator thread(s); the load generator and the repairer share the machine",
         options.nodes, options.warn, options.connections, options.threads
+    );
+    println!(
+        "breaker: opens when at least {} nodes, and more than {} of the fleet, turned unhealthy \
+         within 10 min{}",
+        breaker.min_nodes,
+        breaker.fraction,
+        if options.storm > 0 {
+            format!(
+                " (the {} fatal nodes of the paced phase do not open it; the first of the {} \
+                 storm nodes does)",
+                options.fatal, options.storm
+            )
+        } else {
+            String::new()
+        }
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
     let idle = memory(pid);
@@ -1122,8 +1457,15 @@ async fn run(options: Options) -> Result<(), LoadError> {
         rate: options.rate,
         connections: options.connections,
     };
+    let storm = {
+        let mut taken = shared.warn.clone();
+        for &node in &fatal_nodes {
+            taken[node] = true;
+        }
+        storm_nodes(options.nodes, options.storm, &taken)
+    };
     let fatal_task = tokio::spawn(send_fatal(shared.clone(), fatal_nodes, start, options.duration));
-    let (_workers, paced) = run_phase("paced", workers, &shared, pace, pid).await;
+    let (workers, paced) = run_phase("paced", workers, &shared, pace, pid).await;
     print_phase(&paced);
     let fatal_sent = fatal_task.await.unwrap_or_default();
     let after = memory(pid);
@@ -1173,6 +1515,11 @@ async fn run(options: Options) -> Result<(), LoadError> {
     let store_bytes = std::fs::metadata(&repairer.store).map(|m| m.len()).unwrap_or(0)
         + std::fs::metadata(repairer.store.with_extension("db-wal")).map(|m| m.len()).unwrap_or(0);
     println!("store: {:.1} MiB (db + WAL)", store_bytes as f64 / 1048576.0);
+    let storm = if options.storm > 0 {
+        Some(run_storm(&options, workers, &shared, pid, storm).await)
+    } else {
+        None
+    };
     repairer.stop();
 
     if let Some(path) = &options.json {
@@ -1192,6 +1539,8 @@ async fn run(options: Options) -> Result<(), LoadError> {
             "machine": machine(),
             "nodes": options.nodes, "connections": options.connections,
             "threads": options.threads, "rate": options.rate, "warn": options.warn, "duration_s": options.duration.as_secs_f64(),
+            "storm_nodes": options.storm, "idle_s": options.idle.as_secs_f64(),
+            "breaker": {"fraction": breaker.fraction, "min_nodes": breaker.min_nodes},
             "report_bytes": sample,
             "memory": {
                 "idle_rss_kib": idle.rss_kib, "joined_rss_kib": joined.rss_kib,
@@ -1207,15 +1556,35 @@ async fn run(options: Options) -> Result<(), LoadError> {
                 "histogram": histogram.map(|(c, f, s)| serde_json::json!({"count": c, "le_0_1": f, "sum": s})),
             },
             "store_bytes": store_bytes,
+            "storm": storm.as_ref().map(|s| {
+                let idle = |i: &IdleResult| serde_json::json!({
+                    "wall_s": i.wall_s, "repairer_cpu_s": i.repairer_cpu_s,
+                    "repairer_cores": i.repairer_cores(),
+                    "machine_cores": i.machine_cpu_s / i.wall_s,
+                });
+                serde_json::json!({
+                    "nodes": s.nodes, "refused": s.refused, "burst_s": s.burst_s,
+                    "reply_p50_ms": percentile(&s.replies_ms, 0.5),
+                    "reply_p99_ms": percentile(&s.replies_ms, 0.99),
+                    "breaker_open_before": s.open_before, "breaker_open_after": s.open_after,
+                    "held_by_breaker": s.outcome.held_by_breaker,
+                    "held_otherwise": s.outcome.held_otherwise,
+                    "acted": s.outcome.acted, "unknown": s.outcome.unknown,
+                    "idle_calm": idle(&s.idle_calm), "idle_held": idle(&s.idle_held),
+                    "calm": phase(&s.calm), "held": phase(&s.held),
+                })
+            }),
         });
         std::fs::write(path, serde_json::to_vec_pretty(&json).unwrap_or_default())
             .map_err(io(format!("writing {}", path.display())))?;
     }
-    if max_rate.errors + paced.errors > 0 {
+    let storm_errors = storm.as_ref().map_or(0, |s| s.calm.errors + s.held.errors);
+    if max_rate.errors + paced.errors + storm_errors > 0 {
+        let storm_error = storm.and_then(|s| s.calm.first_error.or(s.held.first_error));
         return Err(LoadError::Repairer(format!(
             "refused {} reports under load: {}",
-            max_rate.errors + paced.errors,
-            max_rate.first_error.or(paced.first_error).unwrap_or_default()
+            max_rate.errors + paced.errors + storm_errors,
+            max_rate.first_error.or(paced.first_error).or(storm_error).unwrap_or_default()
         )));
     }
     Ok(())
