@@ -190,17 +190,6 @@ impl CloudwatchFormat {
         let time = iso8601(event.at_ms);
         // CloudWatch writes alarm times as `2019-06-26T03:54:21.746+0000`.
         let alarm_time = time.trim_end_matches('Z').to_owned() + "+0000";
-        let mut dimensions = Vec::new();
-        if let Some(node) = &event.node {
-            dimensions.push(Dimension { value: node.clone(), name: "node" });
-        }
-        let gpus = gpus(event);
-        if !gpus.is_empty() {
-            dimensions.push(Dimension {
-                value: gpus.into_iter().collect::<Vec<_>>().join(","),
-                name: "gpu",
-            });
-        }
         let mut reason = event.reason.clone();
         if let (Some(from), Some(to)) = (event.from_state, event.to_state) {
             reason.push_str(&format!(" (node state {from} -> {to})"));
@@ -224,21 +213,7 @@ impl CloudwatchFormat {
             ok_actions: vec![topic.text.clone()],
             alarm_actions: vec![topic.text.clone()],
             insufficient_data_actions: Vec::new(),
-            trigger: Trigger {
-                metric_name: problem_name(event.kind),
-                namespace: "Fleetmend",
-                statistic_type: "Statistic",
-                statistic: "MAXIMUM",
-                unit: None,
-                dimensions,
-                period: 60,
-                evaluation_periods: 1,
-                datapoints_to_alarm: 1,
-                comparison_operator: "GreaterThanOrEqualToThreshold",
-                threshold: 1.0,
-                treat_missing_data: "missing",
-                evaluate_low_sample_count_percentile: "",
-            },
+            trigger: trigger(event),
             alarm_name,
         };
         let message_id = message_id(sink, event.id);
@@ -274,6 +249,34 @@ impl CloudwatchFormat {
             ],
             body,
         }))
+    }
+}
+
+/// The alarm's trigger: a metric per event kind, with the node and the GPUs as its dimensions.
+fn trigger(event: &Event) -> Trigger {
+    let mut dimensions = Vec::new();
+    if let Some(node) = &event.node {
+        dimensions.push(Dimension { value: node.clone(), name: "node" });
+    }
+    let gpus = gpus(event);
+    if !gpus.is_empty() {
+        dimensions
+            .push(Dimension { value: gpus.into_iter().collect::<Vec<_>>().join(","), name: "gpu" });
+    }
+    Trigger {
+        metric_name: problem_name(event.kind),
+        namespace: "Fleetmend",
+        statistic_type: "Statistic",
+        statistic: "MAXIMUM",
+        unit: None,
+        dimensions,
+        period: 60,
+        evaluation_periods: 1,
+        datapoints_to_alarm: 1,
+        comparison_operator: "GreaterThanOrEqualToThreshold",
+        threshold: 1.0,
+        treat_missing_data: "missing",
+        evaluate_low_sample_count_percentile: "",
     }
 }
 
