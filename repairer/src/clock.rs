@@ -239,12 +239,15 @@ mod tests {
             "unix_now_ms",
         ];
         let mut files = Vec::new();
-        for dir in ["engine", "workflow", "queue"] {
+        for dir in ["engine", "workflow", "queue", "alerts"] {
             let Ok(entries) = std::fs::read_dir(root.join(dir)) else { continue };
             files.extend(entries.filter_map(|e| e.ok()).map(|e| e.path()));
         }
+        // The OTLP exporter's flush and shutdown deadlines are I/O at the process's end, not
+        // decisions; span times come from the workflow's own (clock) times.
+        files.retain(|f| !f.ends_with("workflow/trace.rs"));
         files.extend(
-            ["engine.rs", "workflow.rs", "alerts/outbox.rs", "alerts/mod.rs", "service.rs"]
+            ["nodes.rs", "breaker.rs", "service.rs"]
                 .iter()
                 .map(|f| root.join(f))
                 .filter(|p| p.exists()),

@@ -54,7 +54,7 @@ impl std::fmt::Debug for WorkflowContext {
 
 /// Drives `workflow` to its end.
 pub async fn run(cx: Arc<WorkflowContext>, mut workflow: Workflow) {
-    let mut trace = WorkflowTrace::begin(cx.tracer.as_deref(), &mut workflow);
+    let mut trace = WorkflowTrace::begin(cx.tracer.as_deref(), &mut workflow, cx.clock.now_ms());
     if trace.assigned_root() {
         // Best effort: a trace id not written is a trace that starts afresh after a restart.
         let _saved = save(&cx, &workflow, true);

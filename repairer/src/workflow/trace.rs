@@ -356,7 +356,11 @@ impl WorkflowTrace {
     /// Starts tracing `workflow` in this process: a fresh workflow gets its root ids (stored in
     /// `workflow.trace`: persist it when [`WorkflowTrace::assigned_root`] says so) and its `detect`
     /// span; a resumed one continues the stored trace. Either way the current step's span starts.
-    pub fn begin(tracer: Option<&WorkflowTracer>, workflow: &mut Workflow) -> WorkflowTrace {
+    pub fn begin(
+        tracer: Option<&WorkflowTracer>,
+        workflow: &mut Workflow,
+        now_ms: u64,
+    ) -> WorkflowTrace {
         let Some(tracer) = tracer else { return WorkflowTrace { active: None } };
         let stored = workflow.trace.as_ref().and_then(TraceParent::ids);
         let resumed = stored.is_some();
@@ -391,7 +395,7 @@ impl WorkflowTrace {
         }
         // A fresh workflow's first step began at the decision; a resumed one's span starts now (the
         // interrupted process ended its own).
-        let start = if resumed { SystemTime::now() } else { at_ms(workflow.step_since_ms) };
+        let start = if resumed { at_ms(now_ms) } else { at_ms(workflow.step_since_ms) };
         active.step = Some(active.start_step(workflow, start));
         WorkflowTrace { active: Some(active) }
     }
@@ -409,7 +413,8 @@ impl WorkflowTrace {
     /// The workflow moved on to `workflow.step`: ends the previous step's span, starts this one's.
     pub fn step(&mut self, workflow: &Workflow) {
         let Some(active) = &mut self.active else { return };
-        let now = SystemTime::now();
+        // The step began when the workflow's clock said it did.
+        let now = at_ms(workflow.step_since_ms);
         if let Some(previous) = active.step.take() {
             let mut previous = previous;
             previous.span.set_attribute(KeyValue::new(attr::NEXT_STEP, step_name(workflow.step)));
@@ -435,7 +440,8 @@ impl WorkflowTrace {
     /// root span under the stored ids, from the fault's first sighting to now.
     pub fn finish(&mut self, workflow: &Workflow) {
         let Some(mut active) = self.active.take() else { return };
-        let now = SystemTime::now();
+        // A finished workflow's last step time is when it finished.
+        let now = at_ms(workflow.step_since_ms);
         let outcome = workflow.outcome.map(Outcome::as_str).unwrap_or("unknown");
         let failed = workflow.outcome == Some(Outcome::Quarantined);
         if let Some(mut step) = active.step.take() {
@@ -562,7 +568,7 @@ mod tests {
         let collected = Collected::default();
         let tracer = tracer(&collected);
         let mut workflow = reboot_workflow();
-        let mut trace = WorkflowTrace::begin(Some(&tracer), &mut workflow);
+        let mut trace = WorkflowTrace::begin(Some(&tracer), &mut workflow, 3_000);
         assert!(trace.assigned_root());
         let stored = workflow.trace.clone().expect("root ids stored with the workflow");
         for step in [Step::Checkpoint, Step::Settle, Step::Repair] {
@@ -614,7 +620,7 @@ mod tests {
         {
             // The first process: drains, then stops while checkpointing.
             let tracer = tracer(&collected);
-            let mut trace = WorkflowTrace::begin(Some(&tracer), &mut workflow);
+            let mut trace = WorkflowTrace::begin(Some(&tracer), &mut workflow, 3_000);
             workflow.step = Step::Checkpoint;
             trace.step(&workflow);
             drop(trace);
@@ -631,7 +637,7 @@ mod tests {
             .expect("the workflow round-trips");
         let mut workflow = stored;
         let tracer = tracer(&collected);
-        let mut trace = WorkflowTrace::begin(Some(&tracer), &mut workflow);
+        let mut trace = WorkflowTrace::begin(Some(&tracer), &mut workflow, 3_000);
         assert!(!trace.assigned_root(), "a resumed workflow keeps its root");
         workflow.step = Step::Settle;
         trace.step(&workflow);
@@ -661,7 +667,7 @@ mod tests {
         let collected = Collected::default();
         let tracer = tracer(&collected);
         let mut workflow = reboot_workflow();
-        let mut trace = WorkflowTrace::begin(Some(&tracer), &mut workflow);
+        let mut trace = WorkflowTrace::begin(Some(&tracer), &mut workflow, 3_000);
         workflow.outcome = Some(Outcome::Drained);
         trace.finish(&workflow);
         let other = tracer.tracer.start("unrelated");
@@ -673,7 +679,7 @@ mod tests {
     #[test]
     fn without_a_tracer_nothing_is_traced_or_stored() {
         let mut workflow = reboot_workflow();
-        let mut trace = WorkflowTrace::begin(None, &mut workflow);
+        let mut trace = WorkflowTrace::begin(None, &mut workflow, 3_000);
         workflow.step = Step::Checkpoint;
         trace.step(&workflow);
         trace.finish(&workflow);
