@@ -1,0 +1,609 @@
+//! The fault catalog: which root causes interrupt a training run, how often each does relative to
+//! the others, what fleetmend's agent sees of each, and what it takes to fix the node.
+//!
+//! The default is the Llama 3 405B pre-training table (arXiv 2407.21783, Table 5), embedded from
+//! `catalog.toml` beside this file with the reason for every mapping; a user's own TOML in the same
+//! shape replaces it.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// The embedded default catalog.
+pub const DEFAULT_CATALOG_TOML: &str = include_str!("catalog.toml");
+
+/// Seconds in a day, for rates per node-day.
+const DAY_SECONDS: f64 = 86_400.0;
+
+/// The root causes that interrupt a run, with their counts over an observed fleet and window.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultCatalog {
+    /// Where the counts come from, in a few words (shown in summaries).
+    pub source: String,
+    /// How many nodes the counts were observed on.
+    pub nodes: u32,
+    /// How long the counts were observed for.
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+    /// One row per root cause.
+    pub categories: Vec<FaultCategory>,
+}
+
+/// One root cause of interruptions.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultCategory {
+    /// A kebab-case id, unique in the catalog (`faulty-gpu`).
+    pub name: String,
+    /// Interruptions of this cause over the catalog's window; its share is count / total.
+    pub count: u32,
+    /// The agent's check that sees it, or `none` where the agent sees nothing.
+    pub check: AgentCheck,
+    /// The finding id the check reports (`xid`, `nic_down`), or `none` with check `none`.
+    pub finding: String,
+    /// The `fleetmend inject` fault that makes the agent see the same, or `none`.
+    pub fault: InjectFault,
+    /// Whether the node is healthy again after a reboot; false: a part must be replaced (or, for
+    /// the network, fixed outside the node) first.
+    pub reboot_clears: bool,
+    /// How long a reboot takes, until the node's agent reports again.
+    #[serde(with = "humantime_serde")]
+    pub reboot_time: Duration,
+    /// How long a replacement takes, until the node is back in the fleet.
+    #[serde(with = "humantime_serde")]
+    pub replace_time: Duration,
+}
+
+/// The agent's checks (agent/src/checks/mod.rs, `CHECK_NAMES`), and `none`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentCheck {
+    Gpu,
+    KernelLog,
+    Nic,
+    Disk,
+    Host,
+    /// The agent sees nothing: the job fails, or the node goes silent.
+    None,
+}
+
+impl AgentCheck {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentCheck::Gpu => "gpu",
+            AgentCheck::KernelLog => "kernel_log",
+            AgentCheck::Nic => "nic",
+            AgentCheck::Disk => "disk",
+            AgentCheck::Host => "host",
+            AgentCheck::None => "none",
+        }
+    }
+}
+
+impl fmt::Display for AgentCheck {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A fault by its `fleetmend inject` name (local/src/faults.rs, `FAULT_NAMES`), or `none`.
+///
+/// Kept here rather than taken from `fleetmend-local` so the simulator's data does not pull in the
+/// local fleet; a test checks the names against that file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(try_from = "String")]
+pub enum InjectFault {
+    /// No inject fault reproduces it.
+    None,
+    GpuXid(u32),
+    GpuMissing,
+    RowRemapFailure,
+    NvlinkDown,
+    NicDown,
+    DiskFull,
+    DiskReadonly,
+    KernelMce,
+    AgentKill,
+}
+
+/// The fault names `fleetmend inject` takes, and `none`.
+pub const INJECT_FAULT_NAMES: [&str; 10] = [
+    "none",
+    "gpu-xid:N",
+    "gpu-missing",
+    "row-remap-failure",
+    "nvlink-down",
+    "nic-down",
+    "disk-full",
+    "disk-readonly",
+    "kernel-mce",
+    "agent-kill",
+];
+
+impl InjectFault {
+    /// What the agent reports when this fault is injected: (check, finding) pairs, from the table
+    /// in local/src/faults.rs. Empty for `none` (nothing is injected) and for `agent-kill` (the
+    /// node stops reporting, no finding).
+    pub fn agent_findings(self) -> &'static [(AgentCheck, &'static str)] {
+        match self {
+            InjectFault::None | InjectFault::AgentKill => &[],
+            InjectFault::GpuXid(_) => &[(AgentCheck::Gpu, "xid"), (AgentCheck::KernelLog, "xid")],
+            InjectFault::GpuMissing => &[(AgentCheck::Gpu, "gpu_count")],
+            InjectFault::RowRemapFailure => &[(AgentCheck::Gpu, "row_remap")],
+            InjectFault::NvlinkDown => &[(AgentCheck::Gpu, "nvlink_down")],
+            InjectFault::NicDown => {
+                &[(AgentCheck::Nic, "nic_down"), (AgentCheck::KernelLog, "link_down")]
+            }
+            InjectFault::DiskFull => &[(AgentCheck::Disk, "disk_full")],
+            InjectFault::DiskReadonly => &[(AgentCheck::Disk, "disk_readonly")],
+            InjectFault::KernelMce => &[(AgentCheck::KernelLog, "mce")],
+        }
+    }
+
+    /// Whether the agent's own advice for this fault is a replacement (DCGM fails a GPU whose row
+    /// remapping failed): a reboot cannot clear such a fault.
+    pub fn agent_advises_replace(self) -> bool {
+        matches!(self, InjectFault::RowRemapFailure)
+    }
+}
+
+impl fmt::Display for InjectFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InjectFault::None => f.write_str("none"),
+            InjectFault::GpuXid(code) => write!(f, "gpu-xid:{code}"),
+            InjectFault::GpuMissing => f.write_str("gpu-missing"),
+            InjectFault::RowRemapFailure => f.write_str("row-remap-failure"),
+            InjectFault::NvlinkDown => f.write_str("nvlink-down"),
+            InjectFault::NicDown => f.write_str("nic-down"),
+            InjectFault::DiskFull => f.write_str("disk-full"),
+            InjectFault::DiskReadonly => f.write_str("disk-readonly"),
+            InjectFault::KernelMce => f.write_str("kernel-mce"),
+            InjectFault::AgentKill => f.write_str("agent-kill"),
+        }
+    }
+}
+
+/// A fault name that is not one of [`INJECT_FAULT_NAMES`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?} is not an inject fault (expected one of: {})", INJECT_FAULT_NAMES.join(", "))]
+pub struct InjectFaultParseError {
+    pub text: String,
+}
+
+/// The largest Xid code `fleetmend inject` accepts.
+const MAX_XID: u32 = 99_999;
+
+impl FromStr for InjectFault {
+    type Err = InjectFaultParseError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let error = || InjectFaultParseError { text: text.to_owned() };
+        if let Some(code) = text.strip_prefix("gpu-xid:") {
+            return match code.parse::<u32>() {
+                Ok(code) if (1..=MAX_XID).contains(&code) => Ok(InjectFault::GpuXid(code)),
+                _ => Err(error()),
+            };
+        }
+        Ok(match text {
+            "none" => InjectFault::None,
+            "gpu-missing" => InjectFault::GpuMissing,
+            "row-remap-failure" => InjectFault::RowRemapFailure,
+            "nvlink-down" => InjectFault::NvlinkDown,
+            "nic-down" => InjectFault::NicDown,
+            "disk-full" => InjectFault::DiskFull,
+            "disk-readonly" => InjectFault::DiskReadonly,
+            "kernel-mce" => InjectFault::KernelMce,
+            "agent-kill" => InjectFault::AgentKill,
+            _ => return Err(error()),
+        })
+    }
+}
+
+impl TryFrom<String> for InjectFault {
+    type Error = InjectFaultParseError;
+
+    fn try_from(text: String) -> Result<Self, Self::Error> {
+        text.parse()
+    }
+}
+
+/// One problem in a catalog, by field (`categories[3].reboot_clears`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CatalogProblem {
+    pub field: String,
+    pub message: String,
+}
+
+/// Every problem found in a catalog.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CatalogProblems(pub Vec<CatalogProblem>);
+
+impl CatalogProblems {
+    pub fn push(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.0.push(CatalogProblem { field: field.into(), message: message.into() });
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether a problem names `field`.
+    pub fn names(&self, field: &str) -> bool {
+        self.0.iter().any(|problem| problem.field == field)
+    }
+}
+
+impl fmt::Display for CatalogProblems {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, problem) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "  {}: {}", problem.field, problem.message)?;
+        }
+        Ok(())
+    }
+}
+
+/// Loading a catalog failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    #[error("parsing fault catalog {origin}: {message}")]
+    Parse { origin: String, message: String },
+    #[error("fault catalog {origin} has {} problem(s):\n{problems}", problems.0.len())]
+    Invalid { origin: String, problems: CatalogProblems },
+}
+
+impl FaultCatalog {
+    /// The embedded Llama 3 405B catalog.
+    pub fn builtin() -> Result<FaultCatalog, CatalogError> {
+        FaultCatalog::parse(DEFAULT_CATALOG_TOML, "(built in)")
+    }
+
+    /// Parses and validates a catalog; `origin` names it in errors (a path, or "(built in)").
+    pub fn parse(text: &str, origin: &str) -> Result<FaultCatalog, CatalogError> {
+        let catalog: FaultCatalog = toml::from_str(text).map_err(|err| CatalogError::Parse {
+            origin: origin.to_owned(),
+            message: err.to_string(),
+        })?;
+        let problems = catalog.validate();
+        if problems.is_empty() {
+            Ok(catalog)
+        } else {
+            Err(CatalogError::Invalid { origin: origin.to_owned(), problems })
+        }
+    }
+
+    /// Every problem in the catalog, each naming its field.
+    pub fn validate(&self) -> CatalogProblems {
+        let mut problems = CatalogProblems::default();
+        if self.source.trim().is_empty() {
+            problems.push("source", "must say where the counts come from");
+        }
+        if self.nodes == 0 {
+            problems.push("nodes", "must be greater than zero");
+        }
+        if self.window.is_zero() {
+            problems.push("window", "must be greater than zero");
+        }
+        if self.categories.is_empty() {
+            problems.push("categories", "must list at least one category");
+        } else if self.total_count() == 0 {
+            problems.push("categories", "the counts sum to zero: no category can be drawn");
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for (i, category) in self.categories.iter().enumerate() {
+            let at = format!("categories[{i}]");
+            if !is_kebab_case(&category.name) {
+                problems.push(
+                    format!("{at}.name"),
+                    format!("{:?} is not a kebab-case id (a-z, 0-9, -)", category.name),
+                );
+            } else if !names.insert(category.name.as_str()) {
+                problems.push(
+                    format!("{at}.name"),
+                    format!("{:?} names another category already", category.name),
+                );
+            }
+            validate_sighting(category, &at, &mut problems);
+            // The other way round is fine: a fault the agent would reboot for may still need a part
+            // (the repairer's escalation finds out); one it asks to replace cannot clear on reboot.
+            if category.reboot_clears && category.fault.agent_advises_replace() {
+                problems.push(
+                    format!("{at}.reboot_clears"),
+                    format!(
+                        "the agent advises a replacement for {}: a reboot cannot clear it",
+                        category.fault
+                    ),
+                );
+            }
+            for (field, value) in
+                [("reboot_time", category.reboot_time), ("replace_time", category.replace_time)]
+            {
+                if value.is_zero() {
+                    problems.push(format!("{at}.{field}"), "must be greater than zero");
+                }
+            }
+        }
+        problems
+    }
+
+    /// The sum of every category's count.
+    pub fn total_count(&self) -> u64 {
+        self.categories.iter().map(|category| u64::from(category.count)).sum()
+    }
+
+    /// The share of interruptions from category `index` (0 when there is no such category).
+    pub fn share(&self, index: usize) -> f64 {
+        let total = self.total_count();
+        match self.categories.get(index) {
+            Some(category) if total > 0 => f64::from(category.count) / total as f64,
+            _ => 0.0,
+        }
+    }
+
+    /// The observed interruption rate, per node per day (3.79 per 1,000 node-days for Llama 3).
+    pub fn rate_per_node_day(&self) -> f64 {
+        let node_days = f64::from(self.nodes) * self.window.as_secs_f64() / DAY_SECONDS;
+        if node_days > 0.0 { self.total_count() as f64 / node_days } else { 0.0 }
+    }
+
+    /// The index of the category called `name`.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.categories.iter().position(|category| category.name == name)
+    }
+}
+
+/// Checks that `check`, `finding` and `fault` agree with each other and with the agent.
+fn validate_sighting(category: &FaultCategory, at: &str, problems: &mut CatalogProblems) {
+    let finding = category.finding.as_str();
+    match category.check {
+        AgentCheck::None if finding != "none" => problems.push(
+            format!("{at}.finding"),
+            format!("must be \"none\" when check is \"none\" (found {finding:?})"),
+        ),
+        AgentCheck::None => {}
+        check if finding == "none" || !is_snake_case(finding) => problems.push(
+            format!("{at}.finding"),
+            format!("{finding:?} is not a snake_case finding id of the {check} check"),
+        ),
+        _ => {}
+    }
+    let expected = category.fault.agent_findings();
+    match category.fault {
+        InjectFault::None => {}
+        InjectFault::AgentKill if category.check != AgentCheck::None => problems.push(
+            format!("{at}.check"),
+            "agent-kill silences the node's agent: the check must be \"none\"",
+        ),
+        InjectFault::AgentKill => {}
+        fault if !expected.contains(&(category.check, finding)) => {
+            let raised: Vec<String> =
+                expected.iter().map(|(check, finding)| format!("{check}/{finding}")).collect();
+            problems.push(
+                format!("{at}.finding"),
+                format!(
+                    "{fault} makes the agent report {}, not {}/{finding}",
+                    raised.join(" or "),
+                    category.check
+                ),
+            );
+        }
+        _ => {}
+    }
+}
+
+fn is_kebab_case(text: &str) -> bool {
+    !text.is_empty()
+        && !text.starts_with('-')
+        && !text.ends_with('-')
+        && text.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+}
+
+fn is_snake_case(text: &str) -> bool {
+    !text.is_empty()
+        && text.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_builtin_catalog_parses_and_validates() {
+        let catalog = FaultCatalog::builtin().unwrap();
+        assert_eq!(catalog.categories.len(), 18);
+        assert_eq!(catalog.nodes, 2048);
+        assert_eq!(catalog.window, Duration::from_secs(54 * 86_400));
+        assert_eq!(catalog.validate(), CatalogProblems::default());
+    }
+
+    #[test]
+    fn the_builtin_counts_are_table_5() {
+        let catalog = FaultCatalog::builtin().unwrap();
+        assert_eq!(catalog.total_count(), 419);
+        let counts: Vec<u32> = catalog.categories.iter().map(|c| c.count).collect();
+        assert_eq!(counts, [148, 72, 54, 35, 32, 19, 17, 7, 7, 6, 6, 3, 3, 2, 2, 2, 2, 2]);
+        let shares: f64 = (0..catalog.categories.len()).map(|i| catalog.share(i)).sum();
+        assert!((shares - 1.0).abs() < 1e-12);
+        assert!((catalog.share(0) - 148.0 / 419.0).abs() < 1e-12);
+        // 419 / (2,048 x 54) = 3.79 per 1,000 node-days, as the notes say.
+        assert!((catalog.rate_per_node_day() * 1000.0 - 3.79).abs() < 0.005);
+        assert_eq!(catalog.index_of("software-bug"), Some(2));
+        assert_eq!(catalog.index_of("no-such"), None);
+    }
+
+    #[test]
+    fn the_builtin_mapping_reads_as_intended() {
+        let catalog = FaultCatalog::builtin().unwrap();
+        let row = |name: &str| &catalog.categories[catalog.index_of(name).unwrap()];
+        assert_eq!(row("faulty-gpu").fault, InjectFault::GpuXid(79));
+        assert!(!row("faulty-gpu").reboot_clears);
+        assert_eq!(row("gpu-hbm3-memory").fault, InjectFault::GpuXid(48));
+        assert!(row("gpu-hbm3-memory").reboot_clears);
+        assert_eq!(row("software-bug").check, AgentCheck::None);
+        assert_eq!(row("software-bug").fault, InjectFault::None);
+        assert_eq!(row("host-maintenance").fault, InjectFault::AgentKill);
+        assert_eq!(row("host-maintenance").reboot_time, Duration::from_secs(2 * 3600));
+        assert!(!row("silent-data-corruption").reboot_clears);
+    }
+
+    /// The inject names and finding ids are copied from other crates; this reads their sources
+    /// so a rename there fails here rather than silently desynchronising the catalog.
+    #[test]
+    fn the_builtin_names_match_the_agent_and_inject_sources() {
+        let faults_rs = include_str!("../../local/src/faults.rs");
+        for name in INJECT_FAULT_NAMES.iter().filter(|name| **name != "none") {
+            assert!(
+                faults_rs.contains(&format!("\"{name}\"")),
+                "{name} not in local/src/faults.rs"
+            );
+        }
+        let source_of = |check: AgentCheck| match check {
+            AgentCheck::Gpu => include_str!("../../agent/src/checks/gpu.rs"),
+            AgentCheck::KernelLog => include_str!("../../agent/src/checks/kernel_log/rules.rs"),
+            AgentCheck::Nic => include_str!("../../agent/src/checks/nic.rs"),
+            AgentCheck::Disk => include_str!("../../agent/src/checks/disk.rs"),
+            AgentCheck::Host => include_str!("../../agent/src/checks/host.rs"),
+            AgentCheck::None => "",
+        };
+        let registry = include_str!("../../agent/src/checks/mod.rs");
+        let catalog = FaultCatalog::builtin().unwrap();
+        for category in &catalog.categories {
+            if category.check == AgentCheck::None {
+                continue;
+            }
+            let module = match category.check {
+                AgentCheck::KernelLog => "kernel_log",
+                check => check.as_str(),
+            };
+            assert!(registry.contains(&format!("pub mod {module};")), "{}", category.name);
+            let quoted = format!("\"{}\"", category.finding);
+            assert!(
+                source_of(category.check).contains(&quoted),
+                "{}: finding {quoted} not in the {} check's source",
+                category.name,
+                category.check
+            );
+        }
+    }
+
+    #[test]
+    fn inject_fault_names_round_trip() {
+        for text in ["none", "gpu-xid:79", "gpu-missing", "nic-down", "agent-kill", "kernel-mce"] {
+            assert_eq!(text.parse::<InjectFault>().unwrap().to_string(), text);
+        }
+        for bad in ["gpu-xid", "gpu-xid:0", "gpu-xid:100000", "gpu-xid:x", "disk-gone", ""] {
+            assert!(bad.parse::<InjectFault>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_bad_table_names_every_bad_field() {
+        let text = r#"
+            source = ""
+            nodes = 0
+            window = "0s"
+
+            [[categories]]
+            name = "Faulty GPU"
+            count = 1
+            check = "gpu"
+            finding = "xid"
+            fault = "gpu-xid:79"
+            reboot_clears = true
+            reboot_time = "0s"
+            replace_time = "2days"
+
+            [[categories]]
+            name = "hbm"
+            count = 1
+            check = "gpu"
+            finding = "nic_down"
+            fault = "gpu-xid:48"
+            reboot_clears = true
+            reboot_time = "10m"
+            replace_time = "0s"
+
+            [[categories]]
+            name = "hbm"
+            count = 1
+            check = "none"
+            finding = "xid"
+            fault = "none"
+            reboot_clears = true
+            reboot_time = "10m"
+            replace_time = "1d"
+
+            [[categories]]
+            name = "rows"
+            count = 1
+            check = "gpu"
+            finding = "row_remap"
+            fault = "row-remap-failure"
+            reboot_clears = true
+            reboot_time = "10m"
+            replace_time = "1d"
+
+            [[categories]]
+            name = "psu"
+            count = 1
+            check = "host"
+            finding = "memory_low"
+            fault = "agent-kill"
+            reboot_clears = false
+            reboot_time = "10m"
+            replace_time = "1d"
+        "#;
+        let err = FaultCatalog::parse(text, "bad.toml").unwrap_err();
+        let CatalogError::Invalid { origin, problems } = err else { panic!("{err}") };
+        assert_eq!(origin, "bad.toml");
+        let fields: Vec<&str> = problems.0.iter().map(|p| p.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "source",
+                "nodes",
+                "window",
+                "categories[0].name",
+                "categories[0].reboot_time",
+                "categories[1].finding",
+                "categories[1].replace_time",
+                "categories[2].name",
+                "categories[2].finding",
+                "categories[3].reboot_clears",
+                "categories[4].check",
+            ]
+        );
+        let text = problems.to_string();
+        assert!(text.contains("gpu-xid:48 makes the agent report gpu/xid or kernel_log/xid"));
+        assert!(text.contains("\"hbm\" names another category already"));
+    }
+
+    #[test]
+    fn zero_counts_and_an_empty_table_are_problems() {
+        let mut catalog = FaultCatalog::builtin().unwrap();
+        for category in &mut catalog.categories {
+            category.count = 0;
+        }
+        assert!(catalog.validate().names("categories"));
+        catalog.categories.clear();
+        assert!(catalog.validate().names("categories"));
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_names_fail_to_parse() {
+        let extra = DEFAULT_CATALOG_TOML.replacen("count = 148", "count = 148\ncolour = 1", 1);
+        let err = FaultCatalog::parse(&extra, "x").unwrap_err().to_string();
+        assert!(err.contains("colour"), "{err}");
+        let bad_fault = DEFAULT_CATALOG_TOML.replacen("gpu-xid:79", "gpu-on-fire", 1);
+        let err = FaultCatalog::parse(&bad_fault, "x").unwrap_err().to_string();
+        assert!(err.contains("gpu-on-fire"), "{err}");
+        let bad_check = DEFAULT_CATALOG_TOML.replacen("check = \"gpu\"", "check = \"psu\"", 1);
+        assert!(FaultCatalog::parse(&bad_check, "x").is_err());
+    }
+}
