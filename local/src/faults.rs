@@ -96,6 +96,29 @@ impl Fault {
         !matches!(self, Fault::AgentKill)
     }
 
+    /// What the node's agent reports once the fault is written: (check, finding) pairs. Empty for
+    /// `agent-kill`: the node goes silent, which the repairer sees, not the agent.
+    pub fn agent_findings(&self) -> &'static [(&'static str, &'static str)] {
+        use fleetmend_agent::checks::{disk, gpu, kernel_log, nic};
+        match self {
+            Fault::GpuXid(_) => &[(gpu::NAME, "xid"), (kernel_log::NAME, "xid")],
+            Fault::GpuMissing => &[(gpu::NAME, "gpu_count")],
+            Fault::RowRemapFailure => &[(gpu::NAME, "row_remap")],
+            Fault::NvlinkDown => &[(gpu::NAME, "nvlink_down")],
+            Fault::NicDown => &[(nic::NAME, "nic_down"), (kernel_log::NAME, "link_down")],
+            Fault::DiskFull => &[(disk::NAME, "disk_full")],
+            Fault::DiskReadonly => &[(disk::NAME, "disk_readonly")],
+            Fault::KernelMce => &[(kernel_log::NAME, "mce")],
+            Fault::AgentKill => &[],
+        }
+    }
+
+    /// Whether the agent's own advice for the fault is a replacement (DCGM fails a GPU whose row
+    /// remapping failed): a reboot cannot clear it.
+    pub fn agent_advises_replace(&self) -> bool {
+        matches!(self, Fault::RowRemapFailure)
+    }
+
     /// What injecting the fault writes, in a few words (for `fleetmend inject`'s output).
     pub fn description(&self) -> String {
         match self {

@@ -6,10 +6,12 @@
 //! shape replaces it.
 
 use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
+use fleetmend_local::faults::Fault;
 use serde::Deserialize;
+
+pub use crate::problems::Problems;
 
 /// The embedded default catalog.
 pub const DEFAULT_CATALOG_TOML: &str = include_str!("catalog.toml");
@@ -45,7 +47,8 @@ pub struct FaultCategory {
     /// The finding id the check reports (`xid`, `nic_down`), or `none` with check `none`.
     pub finding: String,
     /// The `fleetmend inject` fault that makes the agent see the same, or `none`.
-    pub fault: InjectFault,
+    #[serde(deserialize_with = "fault_or_none")]
+    pub fault: Option<Fault>,
     /// Whether the node is healthy again after a reboot; false: a part must be replaced (or, for
     /// the network, fixed outside the node) first.
     pub reboot_clears: bool,
@@ -89,164 +92,13 @@ impl fmt::Display for AgentCheck {
     }
 }
 
-/// A fault by its `fleetmend inject` name (local/src/faults.rs, `FAULT_NAMES`), or `none`.
-///
-/// Kept here rather than taken from `fleetmend-local` so the simulator's data does not pull in the
-/// local fleet; a test checks the names against that file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
-#[serde(try_from = "String")]
-pub enum InjectFault {
-    /// No inject fault reproduces it.
-    None,
-    GpuXid(u32),
-    GpuMissing,
-    RowRemapFailure,
-    NvlinkDown,
-    NicDown,
-    DiskFull,
-    DiskReadonly,
-    KernelMce,
-    AgentKill,
-}
-
-/// The fault names `fleetmend inject` takes, and `none`.
-pub const INJECT_FAULT_NAMES: [&str; 10] = [
-    "none",
-    "gpu-xid:N",
-    "gpu-missing",
-    "row-remap-failure",
-    "nvlink-down",
-    "nic-down",
-    "disk-full",
-    "disk-readonly",
-    "kernel-mce",
-    "agent-kill",
-];
-
-impl InjectFault {
-    /// What the agent reports when this fault is injected: (check, finding) pairs, from the table
-    /// in local/src/faults.rs. Empty for `none` (nothing is injected) and for `agent-kill` (the
-    /// node stops reporting, no finding).
-    pub fn agent_findings(self) -> &'static [(AgentCheck, &'static str)] {
-        match self {
-            InjectFault::None | InjectFault::AgentKill => &[],
-            InjectFault::GpuXid(_) => &[(AgentCheck::Gpu, "xid"), (AgentCheck::KernelLog, "xid")],
-            InjectFault::GpuMissing => &[(AgentCheck::Gpu, "gpu_count")],
-            InjectFault::RowRemapFailure => &[(AgentCheck::Gpu, "row_remap")],
-            InjectFault::NvlinkDown => &[(AgentCheck::Gpu, "nvlink_down")],
-            InjectFault::NicDown => {
-                &[(AgentCheck::Nic, "nic_down"), (AgentCheck::KernelLog, "link_down")]
-            }
-            InjectFault::DiskFull => &[(AgentCheck::Disk, "disk_full")],
-            InjectFault::DiskReadonly => &[(AgentCheck::Disk, "disk_readonly")],
-            InjectFault::KernelMce => &[(AgentCheck::KernelLog, "mce")],
-        }
+/// `fault = "none"` (no inject fault reproduces it) or a `fleetmend inject` fault name.
+fn fault_or_none<'de, D: serde::Deserializer<'de>>(from: D) -> Result<Option<Fault>, D::Error> {
+    let text = String::deserialize(from)?;
+    if text == "none" {
+        return Ok(None);
     }
-
-    /// Whether the agent's own advice for this fault is a replacement (DCGM fails a GPU whose row
-    /// remapping failed): a reboot cannot clear such a fault.
-    pub fn agent_advises_replace(self) -> bool {
-        matches!(self, InjectFault::RowRemapFailure)
-    }
-}
-
-impl fmt::Display for InjectFault {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            InjectFault::None => f.write_str("none"),
-            InjectFault::GpuXid(code) => write!(f, "gpu-xid:{code}"),
-            InjectFault::GpuMissing => f.write_str("gpu-missing"),
-            InjectFault::RowRemapFailure => f.write_str("row-remap-failure"),
-            InjectFault::NvlinkDown => f.write_str("nvlink-down"),
-            InjectFault::NicDown => f.write_str("nic-down"),
-            InjectFault::DiskFull => f.write_str("disk-full"),
-            InjectFault::DiskReadonly => f.write_str("disk-readonly"),
-            InjectFault::KernelMce => f.write_str("kernel-mce"),
-            InjectFault::AgentKill => f.write_str("agent-kill"),
-        }
-    }
-}
-
-/// A fault name that is not one of [`INJECT_FAULT_NAMES`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{text:?} is not an inject fault (expected one of: {})", INJECT_FAULT_NAMES.join(", "))]
-pub struct InjectFaultParseError {
-    pub text: String,
-}
-
-/// The largest Xid code `fleetmend inject` accepts.
-const MAX_XID: u32 = 99_999;
-
-impl FromStr for InjectFault {
-    type Err = InjectFaultParseError;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let error = || InjectFaultParseError { text: text.to_owned() };
-        if let Some(code) = text.strip_prefix("gpu-xid:") {
-            return match code.parse::<u32>() {
-                Ok(code) if (1..=MAX_XID).contains(&code) => Ok(InjectFault::GpuXid(code)),
-                _ => Err(error()),
-            };
-        }
-        Ok(match text {
-            "none" => InjectFault::None,
-            "gpu-missing" => InjectFault::GpuMissing,
-            "row-remap-failure" => InjectFault::RowRemapFailure,
-            "nvlink-down" => InjectFault::NvlinkDown,
-            "nic-down" => InjectFault::NicDown,
-            "disk-full" => InjectFault::DiskFull,
-            "disk-readonly" => InjectFault::DiskReadonly,
-            "kernel-mce" => InjectFault::KernelMce,
-            "agent-kill" => InjectFault::AgentKill,
-            _ => return Err(error()),
-        })
-    }
-}
-
-impl TryFrom<String> for InjectFault {
-    type Error = InjectFaultParseError;
-
-    fn try_from(text: String) -> Result<Self, Self::Error> {
-        text.parse()
-    }
-}
-
-/// One problem in a catalog, by field (`categories[3].reboot_clears`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CatalogProblem {
-    pub field: String,
-    pub message: String,
-}
-
-/// Every problem found in a catalog.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CatalogProblems(pub Vec<CatalogProblem>);
-
-impl CatalogProblems {
-    pub fn push(&mut self, field: impl Into<String>, message: impl Into<String>) {
-        self.0.push(CatalogProblem { field: field.into(), message: message.into() });
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// Whether a problem names `field`.
-    pub fn names(&self, field: &str) -> bool {
-        self.0.iter().any(|problem| problem.field == field)
-    }
-}
-
-impl fmt::Display for CatalogProblems {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, problem) in self.0.iter().enumerate() {
-            if i > 0 {
-                writeln!(f)?;
-            }
-            write!(f, "  {}: {}", problem.field, problem.message)?;
-        }
-        Ok(())
-    }
+    text.parse().map(Some).map_err(serde::de::Error::custom)
 }
 
 /// Loading a catalog failed.
@@ -255,7 +107,7 @@ pub enum CatalogError {
     #[error("parsing fault catalog {origin}: {message}")]
     Parse { origin: String, message: String },
     #[error("fault catalog {origin} has {} problem(s):\n{problems}", problems.0.len())]
-    Invalid { origin: String, problems: CatalogProblems },
+    Invalid { origin: String, problems: Problems },
 }
 
 impl FaultCatalog {
@@ -279,8 +131,8 @@ impl FaultCatalog {
     }
 
     /// Every problem in the catalog, each naming its field.
-    pub fn validate(&self) -> CatalogProblems {
-        let mut problems = CatalogProblems::default();
+    pub fn validate(&self) -> Problems {
+        let mut problems = Problems::default();
         if self.source.trim().is_empty() {
             problems.push("source", "must say where the counts come from");
         }
@@ -312,12 +164,14 @@ impl FaultCatalog {
             validate_sighting(category, &at, &mut problems);
             // The other way round is fine: a fault the agent would reboot for may still need a part
             // (the repairer's escalation finds out); one it asks to replace cannot clear on reboot.
-            if category.reboot_clears && category.fault.agent_advises_replace() {
+            if let Some(fault) = category.fault
+                && category.reboot_clears
+                && fault.agent_advises_replace()
+            {
                 problems.push(
                     format!("{at}.reboot_clears"),
                     format!(
-                        "the agent advises a replacement for {}: a reboot cannot clear it",
-                        category.fault
+                        "the agent advises a replacement for {fault}: a reboot cannot clear it"
                     ),
                 );
             }
@@ -359,7 +213,7 @@ impl FaultCatalog {
 }
 
 /// Checks that `check`, `finding` and `fault` agree with each other and with the agent.
-fn validate_sighting(category: &FaultCategory, at: &str, problems: &mut CatalogProblems) {
+fn validate_sighting(category: &FaultCategory, at: &str, problems: &mut Problems) {
     let finding = category.finding.as_str();
     match category.check {
         AgentCheck::None if finding != "none" => problems.push(
@@ -373,15 +227,15 @@ fn validate_sighting(category: &FaultCategory, at: &str, problems: &mut CatalogP
         ),
         _ => {}
     }
-    let expected = category.fault.agent_findings();
-    match category.fault {
-        InjectFault::None => {}
-        InjectFault::AgentKill if category.check != AgentCheck::None => problems.push(
+    let Some(fault) = category.fault else { return };
+    let expected = fault.agent_findings();
+    match fault {
+        Fault::AgentKill if category.check != AgentCheck::None => problems.push(
             format!("{at}.check"),
             "agent-kill silences the node's agent: the check must be \"none\"",
         ),
-        InjectFault::AgentKill => {}
-        fault if !expected.contains(&(category.check, finding)) => {
+        Fault::AgentKill => {}
+        fault if !expected.contains(&(category.check.as_str(), finding)) => {
             let raised: Vec<String> =
                 expected.iter().map(|(check, finding)| format!("{check}/{finding}")).collect();
             problems.push(
@@ -419,7 +273,7 @@ mod tests {
         assert_eq!(catalog.categories.len(), 18);
         assert_eq!(catalog.nodes, 2048);
         assert_eq!(catalog.window, Duration::from_secs(54 * 86_400));
-        assert_eq!(catalog.validate(), CatalogProblems::default());
+        assert_eq!(catalog.validate(), Problems::default());
     }
 
     #[test]
@@ -441,28 +295,21 @@ mod tests {
     fn the_builtin_mapping_reads_as_intended() {
         let catalog = FaultCatalog::builtin().unwrap();
         let row = |name: &str| &catalog.categories[catalog.index_of(name).unwrap()];
-        assert_eq!(row("faulty-gpu").fault, InjectFault::GpuXid(79));
+        assert_eq!(row("faulty-gpu").fault, Some(Fault::GpuXid(79)));
         assert!(!row("faulty-gpu").reboot_clears);
-        assert_eq!(row("gpu-hbm3-memory").fault, InjectFault::GpuXid(48));
+        assert_eq!(row("gpu-hbm3-memory").fault, Some(Fault::GpuXid(48)));
         assert!(row("gpu-hbm3-memory").reboot_clears);
         assert_eq!(row("software-bug").check, AgentCheck::None);
-        assert_eq!(row("software-bug").fault, InjectFault::None);
-        assert_eq!(row("host-maintenance").fault, InjectFault::AgentKill);
+        assert_eq!(row("software-bug").fault, None);
+        assert_eq!(row("host-maintenance").fault, Some(Fault::AgentKill));
         assert_eq!(row("host-maintenance").reboot_time, Duration::from_secs(2 * 3600));
         assert!(!row("silent-data-corruption").reboot_clears);
     }
 
-    /// The inject names and finding ids are copied from other crates; this reads their sources
-    /// so a rename there fails here rather than silently desynchronising the catalog.
+    /// The finding ids are the agent's: its checks' sources name each of them, and each check is
+    /// one the agent registers.
     #[test]
-    fn the_builtin_names_match_the_agent_and_inject_sources() {
-        let faults_rs = include_str!("../../local/src/faults.rs");
-        for name in INJECT_FAULT_NAMES.iter().filter(|name| **name != "none") {
-            assert!(
-                faults_rs.contains(&format!("\"{name}\"")),
-                "{name} not in local/src/faults.rs"
-            );
-        }
+    fn the_builtin_findings_are_the_agents() {
         let source_of = |check: AgentCheck| match check {
             AgentCheck::Gpu => include_str!("../../agent/src/checks/gpu.rs"),
             AgentCheck::KernelLog => include_str!("../../agent/src/checks/kernel_log/rules.rs"),
@@ -471,17 +318,13 @@ mod tests {
             AgentCheck::Host => include_str!("../../agent/src/checks/host.rs"),
             AgentCheck::None => "",
         };
-        let registry = include_str!("../../agent/src/checks/mod.rs");
         let catalog = FaultCatalog::builtin().unwrap();
         for category in &catalog.categories {
             if category.check == AgentCheck::None {
                 continue;
             }
-            let module = match category.check {
-                AgentCheck::KernelLog => "kernel_log",
-                check => check.as_str(),
-            };
-            assert!(registry.contains(&format!("pub mod {module};")), "{}", category.name);
+            let check = category.check.as_str();
+            assert!(fleetmend_agent::checks::CHECK_NAMES.contains(&check), "{}", category.name);
             let quoted = format!("\"{}\"", category.finding);
             assert!(
                 source_of(category.check).contains(&quoted),
@@ -489,16 +332,6 @@ mod tests {
                 category.name,
                 category.check
             );
-        }
-    }
-
-    #[test]
-    fn inject_fault_names_round_trip() {
-        for text in ["none", "gpu-xid:79", "gpu-missing", "nic-down", "agent-kill", "kernel-mce"] {
-            assert_eq!(text.parse::<InjectFault>().unwrap().to_string(), text);
-        }
-        for bad in ["gpu-xid", "gpu-xid:0", "gpu-xid:100000", "gpu-xid:x", "disk-gone", ""] {
-            assert!(bad.parse::<InjectFault>().is_err(), "{bad}");
         }
     }
 

@@ -19,6 +19,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::catalog::FaultCatalog;
+use crate::problems::Problems;
 
 const DAY_SECONDS: f64 = 86_400.0;
 
@@ -147,33 +148,18 @@ pub struct FailureEvent {
     pub correlated: bool,
 }
 
-/// One problem in a failure config, by field (`lemons.fraction`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FailureConfigProblem {
-    pub field: String,
-    pub message: String,
-}
-
 /// A failure config that cannot be run, with every problem in it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("failure config has {} problem(s):\n{}", problems.len(), render(problems))]
+#[error("failure config has {} problem(s):\n{problems}", problems.len())]
 pub struct FailureConfigError {
-    pub problems: Vec<FailureConfigProblem>,
+    pub problems: Problems,
 }
 
 impl FailureConfigError {
     /// Whether a problem names `field`.
     pub fn names(&self, field: &str) -> bool {
-        self.problems.iter().any(|problem| problem.field == field)
+        self.problems.names(field)
     }
-}
-
-fn render(problems: &[FailureConfigProblem]) -> String {
-    let lines: Vec<String> = problems
-        .iter()
-        .map(|problem| format!("  {}: {}", problem.field, problem.message))
-        .collect();
-    lines.join("\n")
 }
 
 impl FailureConfig {
@@ -207,11 +193,9 @@ impl FailureConfig {
     }
 
     /// Every problem in the config, against the catalog whose categories it names.
-    pub fn validate(&self, catalog: &FaultCatalog) -> Vec<FailureConfigProblem> {
-        let mut problems = Vec::new();
-        let mut push = |field: &str, message: String| {
-            problems.push(FailureConfigProblem { field: field.to_owned(), message });
-        };
+    pub fn validate(&self, catalog: &FaultCatalog) -> Problems {
+        let mut problems = Problems::default();
+        let mut push = |field: &str, message: String| problems.push(field, message);
         if self.nodes == 0 {
             push("nodes", "must be greater than zero".to_owned());
         }
@@ -371,10 +355,7 @@ impl FailureStream {
         horizon: Duration,
     ) -> Result<FailureStream, FailureConfigError> {
         let mut problems = config.validate(catalog);
-        problems.extend(catalog.validate().0.into_iter().map(|problem| FailureConfigProblem {
-            field: format!("catalog.{}", problem.field),
-            message: problem.message,
-        }));
+        problems.extend_under("catalog.", catalog.validate());
         if !problems.is_empty() {
             return Err(FailureConfigError { problems });
         }

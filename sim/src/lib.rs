@@ -21,3 +21,4 @@
 pub mod catalog;
 pub mod failures;
 pub mod model;
+pub mod problems;

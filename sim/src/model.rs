@@ -12,6 +12,8 @@
 
 use std::time::Duration;
 
+use crate::problems::Problems;
+
 const DAY_SECONDS: f64 = 86_400.0;
 
 /// The inputs of the closed form.
@@ -29,25 +31,19 @@ pub struct EttrModel {
     pub checkpoint_write: Duration,
 }
 
-/// One input of the model that it cannot use.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ModelProblem {
-    pub field: &'static str,
-    pub message: String,
-}
-
 /// Evaluating the model failed: every input it cannot use.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ModelError {
     #[error("ETTR model inputs: {}", render(problems))]
-    Invalid { problems: Vec<ModelProblem> },
+    Invalid { problems: Problems },
     #[error(
         "Young/Daly interval of a {checkpoint_cost:?} checkpoint and a {mtbf:?} MTBF does not fit a duration"
     )]
     IntervalOverflow { checkpoint_cost: Duration, mtbf: Duration },
 }
 
-fn render(problems: &[ModelProblem]) -> String {
+/// The problems on one line: `field message; field message`.
+fn render(problems: &Problems) -> String {
     let parts: Vec<String> =
         problems.iter().map(|problem| format!("{} {}", problem.field, problem.message)).collect();
     parts.join("; ")
@@ -55,24 +51,18 @@ fn render(problems: &[ModelProblem]) -> String {
 
 impl EttrModel {
     /// Every input the model cannot use.
-    pub fn validate(&self) -> Vec<ModelProblem> {
-        let mut problems = Vec::new();
+    pub fn validate(&self) -> Problems {
+        let mut problems = Problems::default();
         if self.nodes == 0 {
-            problems
-                .push(ModelProblem { field: "nodes", message: "must be greater than zero".into() });
+            problems.push("nodes", "must be greater than zero");
         }
         let rate = self.failures_per_node_day;
         if !(rate.is_finite() && rate >= 0.0) {
-            problems.push(ModelProblem {
-                field: "failures_per_node_day",
-                message: format!("{rate} is not a finite rate of at least 0"),
-            });
+            let message = format!("{rate} is not a finite rate of at least 0");
+            problems.push("failures_per_node_day", message);
         }
         if self.checkpoint_interval.is_zero() {
-            problems.push(ModelProblem {
-                field: "checkpoint_interval",
-                message: "must be greater than zero".into(),
-            });
+            problems.push("checkpoint_interval", "must be greater than zero");
         }
         problems
     }
@@ -210,7 +200,7 @@ mod tests {
             checkpoint_write: Duration::ZERO,
         };
         let Err(ModelError::Invalid { problems }) = model.expected_ettr() else { panic!() };
-        let fields: Vec<&str> = problems.iter().map(|problem| problem.field).collect();
+        let fields: Vec<&str> = problems.iter().map(|problem| problem.field.as_str()).collect();
         assert_eq!(fields, ["nodes", "failures_per_node_day", "checkpoint_interval"]);
         assert!(model.optimal_interval().is_err());
         assert!(matches!(
