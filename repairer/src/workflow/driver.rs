@@ -108,7 +108,12 @@ pub async fn run(cx: Arc<WorkflowContext>, mut workflow: Workflow) {
 
 /// What the machine reads besides the workflow.
 fn observe(cx: &WorkflowContext, wf: &Workflow, answer: Option<Answer>) -> Observation {
-    let node = cx.nodes.get(&wf.node);
+    let (boot_id, replacement_reported) = {
+        // Read under the lock, not cloned: this runs on every pass of every workflow.
+        let nodes = cx.nodes.lock();
+        let boot_id = nodes.get(&wf.node).map(|n| n.boot_id.clone()).unwrap_or_default();
+        (boot_id, wf.replacement.as_deref().is_some_and(|n| nodes.get(n).is_some()))
+    };
     let deep_check = wf
         .validation
         .as_deref()
@@ -117,8 +122,8 @@ fn observe(cx: &WorkflowContext, wf: &Workflow, answer: Option<Answer>) -> Obser
     Observation {
         now_ms: cx.clock.now_ms(),
         answer,
-        boot_id: node.map(|n| n.boot_id).unwrap_or_default(),
-        replacement_reported: wf.replacement.as_deref().is_some_and(|n| cx.nodes.get(n).is_some()),
+        boot_id,
+        replacement_reported,
         deep_check,
         breaker_open: cx.breaker.is_open(),
         instance: cx.instance,
@@ -153,7 +158,7 @@ fn save(cx: &WorkflowContext, wf: &Workflow, open: bool) -> Result<(), StoreErro
 fn set_states(cx: &WorkflowContext, wf: &Workflow) -> Result<(), StoreError> {
     let now = cx.clock.now_ms();
     for (name, state, reason) in machine::node_states(wf) {
-        if cx.nodes.get(name).is_none_or(|n| n.state == state) {
+        if cx.nodes.lock().get(name).is_none_or(|n| n.state == state) {
             continue;
         }
         let changed = cx.nodes.with_node(name, |node, events| {
@@ -279,25 +284,19 @@ fn backoff(limits: &Limits, failures: u32) -> Duration {
 
 /// Carries out one effect with the call timeout; the answer goes back to the machine.
 async fn carry_out(cx: &WorkflowContext, wf: &Workflow, effect: Effect) -> Answer {
-    let limit = cx.limits.timeouts.call_timeout;
-    let clock = &*cx.clock;
     let result = match effect {
         Effect::Drain { node, reason } => {
-            scheduled(clock::timeout(clock, limit, cx.scheduler.drain(&node, &reason)).await)
-                .map(|()| Done::Drained)
+            call(cx, cx.scheduler.drain(&node, &reason)).await.map(|()| Done::Drained)
         }
         Effect::DrainReplacement { node, reason } => {
-            scheduled(clock::timeout(clock, limit, cx.scheduler.drain(&node, &reason)).await)
-                .map(|()| Done::ReplacementDrained)
+            call(cx, cx.scheduler.drain(&node, &reason)).await.map(|()| Done::ReplacementDrained)
         }
-        Effect::ListJobs { node } => {
-            scheduled(clock::timeout(clock, limit, cx.scheduler.jobs_on(&node)).await)
-                .map(|jobs| Done::Jobs(jobs.into_iter().map(|j| j.id).collect()))
-        }
+        Effect::ListJobs { node } => call(cx, cx.scheduler.jobs_on(&node))
+            .await
+            .map(|jobs| Done::Jobs(jobs.into_iter().map(|j| j.id).collect())),
         Effect::Checkpoint { jobs } => {
             for job in &jobs {
-                let asked = clock::timeout(clock, limit, cx.scheduler.checkpoint(job)).await;
-                if let Err(err) = scheduled(asked) {
+                if let Err(err) = call(cx, cx.scheduler.checkpoint(job)).await {
                     // A job that cannot be signalled is still requeued; its last checkpoint stands.
                     tracing::warn!(job, error = %err.error, "asking a job to checkpoint failed");
                 }
@@ -315,9 +314,7 @@ async fn carry_out(cx: &WorkflowContext, wf: &Workflow, effect: Effect) -> Answe
             }
             let mut requeued = Ok(Done::Requeued);
             for job in &jobs {
-                if let Err(err) =
-                    scheduled(clock::timeout(clock, limit, cx.scheduler.requeue(job)).await)
-                {
+                if let Err(err) = call(cx, cx.scheduler.requeue(job)).await {
                     requeued = Err(err);
                     break;
                 }
@@ -325,12 +322,10 @@ async fn carry_out(cx: &WorkflowContext, wf: &Workflow, effect: Effect) -> Answe
             requeued
         }
         Effect::Reboot { node } => {
-            provided(clock::timeout(clock, limit, cx.provider.reboot(&node)).await)
-                .map(|()| Done::RebootIssued)
+            call(cx, cx.provider.reboot(&node)).await.map(|()| Done::RebootIssued)
         }
         Effect::Replace { node } => {
-            provided(clock::timeout(clock, limit, cx.provider.replace(&node)).await)
-                .map(Done::Replacement)
+            call(cx, cx.provider.replace(&node)).await.map(Done::Replacement)
         }
         Effect::DeepCheck { node, id } => {
             let kind = command_kind::DEEP_CHECK.to_owned();
@@ -338,8 +333,7 @@ async fn carry_out(cx: &WorkflowContext, wf: &Workflow, effect: Effect) -> Answe
             Ok(Done::DeepCheckQueued)
         }
         Effect::Undrain { node } => {
-            scheduled(clock::timeout(clock, limit, cx.scheduler.undrain(&node)).await)
-                .map(Done::Undrained)
+            call(cx, cx.scheduler.undrain(&node)).await.map(Done::Undrained)
         }
         Effect::Continue | Effect::WaitUntil { .. } | Effect::Backoff | Effect::Finish { .. } => {
             Err(Failure { kind: FailureKind::Permanent, error: "not a call".to_owned() })
@@ -351,35 +345,42 @@ async fn carry_out(cx: &WorkflowContext, wf: &Workflow, effect: Effect) -> Answe
     }
 }
 
-fn scheduled<T>(result: Result<Result<T, SchedulerError>, clock::Elapsed>) -> Result<T, Failure> {
-    match result {
+/// The answer to one scheduler or provider call, within the call timeout.
+async fn call<T, E: CallError>(
+    cx: &WorkflowContext,
+    future: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, Failure> {
+    match clock::timeout(&*cx.clock, cx.limits.timeouts.call_timeout, future).await {
         Ok(Ok(value)) => Ok(value),
-        Ok(Err(err)) => {
-            let kind = match err {
-                SchedulerError::UnknownNode { .. } => FailureKind::Permanent,
-                SchedulerError::Timeout { .. } => FailureKind::TimedOut,
-                SchedulerError::UnknownJob { .. } | SchedulerError::Failed { .. } => {
-                    FailureKind::Retryable
-                }
-            };
-            Err(Failure { kind, error: err.to_string() })
-        }
+        Ok(Err(err)) => Err(Failure { kind: err.kind(), error: err.to_string() }),
         Err(elapsed) => Err(Failure { kind: FailureKind::TimedOut, error: elapsed.to_string() }),
     }
 }
 
-fn provided<T>(result: Result<Result<T, ProviderError>, clock::Elapsed>) -> Result<T, Failure> {
-    match result {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(err)) => {
-            let kind = match err {
-                ProviderError::Unsupported { .. } => FailureKind::Permanent,
-                ProviderError::Timeout { .. } => FailureKind::TimedOut,
-                ProviderError::Failed { .. } => FailureKind::Retryable,
-            };
-            Err(Failure { kind, error: err.to_string() })
+/// A backend's error, as the machine weighs it.
+trait CallError: std::fmt::Display {
+    fn kind(&self) -> FailureKind;
+}
+
+impl CallError for SchedulerError {
+    fn kind(&self) -> FailureKind {
+        match self {
+            SchedulerError::UnknownNode { .. } => FailureKind::Permanent,
+            SchedulerError::Timeout { .. } => FailureKind::TimedOut,
+            SchedulerError::UnknownJob { .. } | SchedulerError::Failed { .. } => {
+                FailureKind::Retryable
+            }
         }
-        Err(elapsed) => Err(Failure { kind: FailureKind::TimedOut, error: elapsed.to_string() }),
+    }
+}
+
+impl CallError for ProviderError {
+    fn kind(&self) -> FailureKind {
+        match self {
+            ProviderError::Unsupported { .. } => FailureKind::Permanent,
+            ProviderError::Timeout { .. } => FailureKind::TimedOut,
+            ProviderError::Failed { .. } => FailureKind::Retryable,
+        }
     }
 }
 
