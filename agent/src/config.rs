@@ -336,8 +336,29 @@ impl ConfigProblems {
         self.0.push(ConfigProblem { field: field.into(), message: message.into() });
     }
 
+    /// Adds `others`, each field under `prefix` (`catalog.` + `categories[2].count`).
+    pub fn extend_under(&mut self, prefix: &str, others: ConfigProblems) {
+        self.0.extend(others.0.into_iter().map(|problem| ConfigProblem {
+            field: format!("{prefix}{}", problem.field),
+            message: problem.message,
+        }));
+    }
+
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &ConfigProblem> {
+        self.0.iter()
+    }
+
+    /// Whether a problem names `field`.
+    pub fn names(&self, field: &str) -> bool {
+        self.0.iter().any(|problem| problem.field == field)
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use fleetmend_local::faults::Fault;
 use serde::Deserialize;
 
-pub use crate::problems::Problems;
+pub use fleetmend_agent::config::ConfigProblems;
 
 /// The embedded default catalog.
 pub const DEFAULT_CATALOG_TOML: &str = include_str!("catalog.toml");
@@ -107,7 +107,7 @@ pub enum CatalogError {
     #[error("parsing fault catalog {origin}: {message}")]
     Parse { origin: String, message: String },
     #[error("fault catalog {origin} has {} problem(s):\n{problems}", problems.0.len())]
-    Invalid { origin: String, problems: Problems },
+    Invalid { origin: String, problems: ConfigProblems },
 }
 
 impl FaultCatalog {
@@ -131,8 +131,8 @@ impl FaultCatalog {
     }
 
     /// Every problem in the catalog, each naming its field.
-    pub fn validate(&self) -> Problems {
-        let mut problems = Problems::default();
+    pub fn validate(&self) -> ConfigProblems {
+        let mut problems = ConfigProblems::default();
         if self.source.trim().is_empty() {
             problems.push("source", "must say where the counts come from");
         }
@@ -213,7 +213,7 @@ impl FaultCatalog {
 }
 
 /// Checks that `check`, `finding` and `fault` agree with each other and with the agent.
-fn validate_sighting(category: &FaultCategory, at: &str, problems: &mut Problems) {
+fn validate_sighting(category: &FaultCategory, at: &str, problems: &mut ConfigProblems) {
     let finding = category.finding.as_str();
     match category.check {
         AgentCheck::None if finding != "none" => problems.push(
@@ -273,7 +273,7 @@ mod tests {
         assert_eq!(catalog.categories.len(), 18);
         assert_eq!(catalog.nodes, 2048);
         assert_eq!(catalog.window, Duration::from_secs(54 * 86_400));
-        assert_eq!(catalog.validate(), Problems::default());
+        assert_eq!(catalog.validate(), ConfigProblems::default());
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::catalog::FaultCatalog;
-use crate::problems::Problems;
+use fleetmend_agent::config::ConfigProblems;
 
 const DAY_SECONDS: f64 = 86_400.0;
 
@@ -152,7 +152,7 @@ pub struct FailureEvent {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("failure config has {} problem(s):\n{problems}", problems.len())]
 pub struct FailureConfigError {
-    pub problems: Problems,
+    pub problems: ConfigProblems,
 }
 
 impl FailureConfigError {
@@ -193,8 +193,8 @@ impl FailureConfig {
     }
 
     /// Every problem in the config, against the catalog whose categories it names.
-    pub fn validate(&self, catalog: &FaultCatalog) -> Problems {
-        let mut problems = Problems::default();
+    pub fn validate(&self, catalog: &FaultCatalog) -> ConfigProblems {
+        let mut problems = ConfigProblems::default();
         let mut push = |field: &str, message: String| problems.push(field, message);
         if self.nodes == 0 {
             push("nodes", "must be greater than zero".to_owned());

@@ -21,4 +21,3 @@
 pub mod catalog;
 pub mod failures;
 pub mod model;
-pub mod problems;

@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use crate::problems::Problems;
+use fleetmend_agent::config::ConfigProblems;
 
 const DAY_SECONDS: f64 = 86_400.0;
 
@@ -35,7 +35,7 @@ pub struct EttrModel {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ModelError {
     #[error("ETTR model inputs: {}", render(problems))]
-    Invalid { problems: Problems },
+    Invalid { problems: ConfigProblems },
     #[error(
         "Young/Daly interval of a {checkpoint_cost:?} checkpoint and a {mtbf:?} MTBF does not fit a duration"
     )]
@@ -43,7 +43,7 @@ pub enum ModelError {
 }
 
 /// The problems on one line: `field message; field message`.
-fn render(problems: &Problems) -> String {
+fn render(problems: &ConfigProblems) -> String {
     let parts: Vec<String> =
         problems.iter().map(|problem| format!("{} {}", problem.field, problem.message)).collect();
     parts.join("; ")
@@ -51,8 +51,8 @@ fn render(problems: &Problems) -> String {
 
 impl EttrModel {
     /// Every input the model cannot use.
-    pub fn validate(&self) -> Problems {
-        let mut problems = Problems::default();
+    pub fn validate(&self) -> ConfigProblems {
+        let mut problems = ConfigProblems::default();
         if self.nodes == 0 {
             problems.push("nodes", "must be greater than zero");
         }
