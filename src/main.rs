@@ -98,6 +98,9 @@ enum Verb {
     Up(fleetmend_local::up::UpArgs),
     /// Write a fault into a node of the fleet `fleetmend up` runs.
     Inject(fleetmend_local::faults::InjectArgs),
+    /// Simulate a fleet's failures and fleetmend's repairs on the real decision code, in virtual
+    /// time: goodput (ETTR) at scale.
+    Simulate(fleetmend_sim::cli::SimulateArgs),
     /// Train the bundled model (one rank; ranks meet through RANK, WORLD_SIZE, MASTER_ADDR/PORT).
     Train(fleetmend_runtime::train::TrainArgs),
     /// Show the breaker, or close it.
@@ -289,6 +292,7 @@ fn main() -> ExitCode {
         Verb::Train(args) => fleetmend_runtime::train::main(args),
         Verb::Up(args) => fleetmend_local::up::main(args),
         Verb::Inject(args) => fleetmend_local::faults::inject_main(args),
+        Verb::Simulate(args) => fleetmend_sim::cli::run(args),
         verb => client(verb),
     }
 }
@@ -412,7 +416,12 @@ fn client(verb: Verb) -> ExitCode {
         | Verb::Undrain(node)
         | Verb::Repair { node, .. }
         | Verb::Approve { node, .. } => node.client.clone(),
-        Verb::Agent(_) | Verb::Repairer(_) | Verb::Train(_) | Verb::Up(_) | Verb::Inject(_) => {
+        Verb::Agent(_)
+        | Verb::Repairer(_)
+        | Verb::Train(_)
+        | Verb::Up(_)
+        | Verb::Inject(_)
+        | Verb::Simulate(_) => {
             return ExitCode::from(EXIT_CANNOT_RUN);
         }
     };
@@ -457,7 +466,12 @@ fn client(verb: Verb) -> ExitCode {
             Verb::Jobs { job: Some(id), .. } => Request::Job(id),
             Verb::Jobs { job: None, .. } => Request::Jobs,
             Verb::Cancel { job, .. } => Request::Cancel(job),
-            Verb::Agent(_) | Verb::Repairer(_) | Verb::Train(_) | Verb::Up(_) | Verb::Inject(_) => {
+            Verb::Agent(_)
+            | Verb::Repairer(_)
+            | Verb::Train(_)
+            | Verb::Up(_)
+            | Verb::Inject(_)
+            | Verb::Simulate(_) => {
                 return Ok(String::new());
             }
         };

@@ -62,7 +62,10 @@ pub async fn timeout<T>(
     limit: Duration,
     future: impl Future<Output = T>,
 ) -> Result<T, Elapsed> {
+    // Biased: an answer that came with the deadline counts, and the same run decides the same
+    // way every time (a simulation with a seed is reproducible).
     tokio::select! {
+        biased;
         value = future => Ok(value),
         () = clock.sleep(limit) => Err(Elapsed(limit)),
     }

@@ -1,7 +1,7 @@
 //! Commands waiting for nodes: delivered in the reply to the node's next report (an agent needs
 //! only outbound HTTP), and their results, which come back in later reports.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Mutex, PoisonError};
 
 use fleetmend_proto::{CommandResult, NodeCommand};
@@ -15,6 +15,8 @@ pub struct CommandQueue {
 #[derive(Debug, Default)]
 struct QueueState {
     pending: BTreeMap<String, VecDeque<NodeCommand>>,
+    /// Nodes given a command since `newly_waiting` was last called (at most every node once).
+    pushed: BTreeSet<String>,
     /// command id → result
     results: BTreeMap<String, CommandResult>,
 }
@@ -30,11 +32,19 @@ impl CommandQueue {
 
     /// Queues `command` for `node` unless a command with the same id is already waiting.
     pub fn push(&self, node: &str, command: NodeCommand) {
-        let mut state = self.state();
+        let mut guard = self.state();
+        let state = &mut *guard;
         let queue = state.pending.entry(node.to_owned()).or_default();
         if !queue.iter().any(|c| c.id == command.id) {
             queue.push_back(command);
+            state.pushed.insert(node.to_owned());
         }
+    }
+
+    /// The nodes that were given a command since the last call, by name (the fleet simulator
+    /// schedules their next heartbeats from it).
+    pub fn newly_waiting(&self) -> Vec<String> {
+        std::mem::take(&mut self.state().pushed).into_iter().collect()
     }
 
     /// Takes every command waiting for `node` (they travel in the reply to its report).

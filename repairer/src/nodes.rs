@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::{Actor, Event, FindingKey, FindingSource, NodeState, Severity, TrackedFinding};
 use crate::policy::{FleetView, RepairRecord};
-use crate::ports::{EventLog, NodeHealth};
+use crate::ports::{EventLog, Heartbeats, NodeHealth};
 use crate::store::StoreError;
 
 /// A change to a node record could not be made.
@@ -120,6 +120,18 @@ impl NodeRecord {
             unavailable: self.state.is_unavailable(),
             in_repair: matches!(self.state, NodeState::Repairing | NodeState::Validating),
             unhealthy_since_ms: self.unhealthy_since_ms.filter(|_| member),
+            timed: self.timed(),
+        }
+    }
+
+    /// Whether a decision about this node can change with time alone (debounce durations,
+    /// cooldowns ending, held actions, a drained node waiting for its findings to clear): the
+    /// engine's tick decides again about these, and only these.
+    fn timed(&self) -> bool {
+        match self.state {
+            NodeState::Healthy => !self.findings.is_empty(),
+            NodeState::Suspect | NodeState::Unreachable | NodeState::Drained => true,
+            _ => false,
         }
     }
 }
@@ -159,6 +171,7 @@ struct Share {
     unavailable: bool,
     in_repair: bool,
     unhealthy_since_ms: Option<u64>,
+    timed: bool,
 }
 
 /// The fleet's counts, kept as records change.
@@ -170,10 +183,18 @@ struct Counts {
     in_repair: u32,
     /// When member nodes turned unhealthy → how many did then.
     unhealthy_since: BTreeMap<u64, u32>,
+    /// The nodes whose decision can change with time alone (`NodeRecord::timed`).
+    timed: BTreeSet<String>,
+    /// Moves on whenever a node joins or changes state (the job queue's tick skips its pass over
+    /// the fleet while this stands still).
+    generation: u64,
 }
 
 impl Counts {
-    fn add(&mut self, share: Share) {
+    fn add(&mut self, name: &str, share: Share) {
+        if share.timed {
+            self.timed.insert(name.to_owned());
+        }
         *self.by_state.entry(share.state).or_default() += 1;
         self.members += u32::from(share.member);
         self.unavailable += u32::from(share.unavailable);
@@ -183,7 +204,10 @@ impl Counts {
         }
     }
 
-    fn remove(&mut self, share: Share) {
+    fn remove(&mut self, name: &str, share: Share) {
+        if share.timed {
+            self.timed.remove(name);
+        }
         if let Some(count) = self.by_state.get_mut(&share.state) {
             *count = count.saturating_sub(1);
         }
@@ -206,6 +230,8 @@ impl Counts {
 pub struct Nodes {
     inner: Mutex<Inner>,
     events: Arc<EventLog>,
+    /// Answers for the heartbeats between reports where they are not sent (the fleet simulator).
+    heartbeats: Option<Arc<dyn Heartbeats>>,
 }
 
 #[derive(Debug, Default)]
@@ -219,10 +245,21 @@ impl Nodes {
     pub fn load(events: Arc<EventLog>) -> Result<Nodes, StoreError> {
         let mut inner = Inner::default();
         for record in events.store().nodes::<NodeRecord>()? {
-            inner.counts.add(record.share());
+            inner.counts.add(&record.name, record.share());
             inner.records.insert(record.name.clone(), record);
         }
-        Ok(Nodes { inner: Mutex::new(inner), events })
+        Ok(Nodes { inner: Mutex::new(inner), events, heartbeats: None })
+    }
+
+    /// These nodes, with `heartbeats` answering when each was last heard from instead of its
+    /// last report.
+    pub fn with_heartbeats(self, heartbeats: Arc<dyn Heartbeats>) -> Nodes {
+        Nodes { heartbeats: Some(heartbeats), ..self }
+    }
+
+    /// What answers for the heartbeats between reports, when it is not the reports themselves.
+    pub fn heartbeats(&self) -> Option<&Arc<dyn Heartbeats>> {
+        self.heartbeats.as_ref()
     }
 
     /// The nodes, locked. Hold it only for in-memory work and the writes that record it.
@@ -266,16 +303,20 @@ impl Nodes {
 
 impl crate::ports::FleetView for Nodes {
     fn node_health(&self) -> Vec<NodeHealth> {
+        let heard = |n: &NodeRecord| match &self.heartbeats {
+            Some(heartbeats) => heartbeats.last_heard_ms(&n.name, n.last_report_ms),
+            None => n.last_report_ms,
+        };
         self.lock()
             .inner
             .records
             .values()
-            .map(|n| NodeHealth {
-                name: n.name.clone(),
-                state: n.state,
-                last_report_ms: n.last_report_ms,
-            })
+            .map(|n| NodeHealth { name: n.name.clone(), state: n.state, last_report_ms: heard(n) })
             .collect()
+    }
+
+    fn generation(&self) -> u64 {
+        self.lock().inner.counts.generation
     }
 }
 
@@ -295,13 +336,25 @@ impl NodesGuard<'_> {
         self.inner.records.values()
     }
 
+    /// The nodes whose decision can change with time alone (healthy with findings, suspect,
+    /// unreachable, drained), by name: what the engine's tick decides about again.
+    pub(crate) fn timed(&self) -> Vec<String> {
+        self.inner.counts.timed.iter().cloned().collect()
+    }
+
+    /// Moves on whenever a node joins or changes state.
+    pub(crate) fn generation(&self) -> u64 {
+        self.inner.counts.generation
+    }
+
     /// Adds a node the repairer did not know.
     pub(crate) fn insert(&mut self, record: NodeRecord) {
         let inner = &mut *self.inner;
         if let Some(old) = inner.records.remove(&record.name) {
-            inner.counts.remove(old.share());
+            inner.counts.remove(&old.name, old.share());
         }
-        inner.counts.add(record.share());
+        inner.counts.add(&record.name, record.share());
+        inner.counts.generation += 1;
         inner.records.insert(record.name.clone(), record);
     }
 
@@ -319,8 +372,11 @@ impl NodesGuard<'_> {
         let result = f(node, self.events);
         let after = node.share();
         if before != after {
-            inner.counts.remove(before);
-            inner.counts.add(after);
+            inner.counts.remove(name, before);
+            inner.counts.add(name, after);
+            if before.state != after.state {
+                inner.counts.generation += 1;
+            }
         }
         Ok(result?)
     }
@@ -476,7 +532,7 @@ pub(crate) fn remove_findings(
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use fleetmend_proto::{ReportTrigger, Verdict, WIRE_VERSION};
+    use fleetmend_proto::{RecommendedAction, ReportTrigger, Verdict, WIRE_VERSION};
 
     use super::*;
 
@@ -549,9 +605,16 @@ mod tests {
             let name = format!("n{}", rng.u64(0..50));
             let to = states[rng.usize(0..states.len())];
             let since = if rng.bool() { Some(rng.u64(0..1_000)) } else { None };
+            let finding = rng.bool().then(|| {
+                Finding::new("gpu", "xid", "0", Status::Fail, RecommendedAction::Reboot, "")
+            });
             guard
                 .update(&name, |node, events| {
                     node.unhealthy_since_ms = since;
+                    node.findings.clear();
+                    if let Some(finding) = &finding {
+                        track(node, FindingSource::Agent, &[finding], step);
+                    }
                     transition(events, node, to, "test", Actor::repairer(), step)
                 })
                 .unwrap();
@@ -580,6 +643,9 @@ mod tests {
                 (members, unavailable, in_repair, counted_recent),
                 "after change {step}"
             );
+            let timed: Vec<String> =
+                records.iter().filter(|n| n.timed()).map(|n| n.name.clone()).collect();
+            assert_eq!(guard.timed(), timed, "after change {step}");
         }
         drop(guard);
         let by_state = nodes.state_counts();

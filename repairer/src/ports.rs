@@ -69,6 +69,22 @@ pub struct NodeHealth {
 /// The fleet as the job queue places jobs by: each node's state and when it last reported.
 pub trait FleetView: Send + Sync {
     fn node_health(&self) -> Vec<NodeHealth>;
+    /// A number that moves on whenever a node joins or changes state: while it stands still,
+    /// what `node_health` says of every node's state stands still too.
+    fn generation(&self) -> u64;
+}
+
+/// The heartbeats between reports, where the reports themselves are not sent. An agent reports
+/// every `report_interval` whether or not anything changed, and the engine sees a silent node by
+/// the age of its last report. The fleet simulator's nodes report only what is new (2,048 nodes'
+/// heartbeats over 54 days would be ~955 million reports that change nothing) and answer here
+/// for the rest: which nodes are up, and so heard from now.
+pub trait Heartbeats: Send + Sync + std::fmt::Debug {
+    /// When `node` was last heard from, its last report having come at `reported_ms`.
+    fn last_heard_ms(&self, node: &str, reported_ms: u64) -> u64;
+    /// The nodes that may not have been heard from since `since_ms` (each is checked again with
+    /// [`Heartbeats::last_heard_ms`]).
+    fn maybe_silent_since(&self, since_ms: u64) -> Vec<String>;
 }
 
 /// Sees every report the repairer takes in (the job queue follows its ranks through them).

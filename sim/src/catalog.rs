@@ -58,6 +58,14 @@ pub struct FaultCategory {
     /// How long a replacement takes, until the node is back in the fleet.
     #[serde(with = "humantime_serde")]
     pub replace_time: Duration,
+    /// Whether the fault kills the job's rank where it strikes (default); false: the job runs on
+    /// until the repairer drains the node, and checkpoints when asked to first.
+    #[serde(default = "kills_job_by_default")]
+    pub kills_job: bool,
+}
+
+fn kills_job_by_default() -> bool {
+    true
 }
 
 /// The agent's checks (agent/src/checks/mod.rs, `CHECK_NAMES`), and `none`.

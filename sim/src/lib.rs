@@ -1,6 +1,6 @@
-//! Building blocks of `fleetmend simulate`, the discrete-event fleet simulator (issue 12).
+//! `fleetmend simulate`: a discrete-event simulation of a fleet's failures and fleetmend's repairs
+//! on the repairer's own decision code, in virtual time.
 //!
-//! What is here, each complete and tested on its own:
 //! - [`catalog`]: the fault catalog as data. Which root causes interrupt a run and how often
 //!   (the default is Llama 3 405B pre-training, arXiv 2407.21783, Table 5), what fleetmend's
 //!   agent sees of each (check, finding, and the `fleetmend inject` fault that reproduces it),
@@ -11,13 +11,29 @@
 //!   time-ordered stream of [`failures::FailureEvent`]s up to a horizon.
 //! - [`model`]: the closed-form ETTR model of Kokolis et al. (arXiv 2410.21680) and the Young/Daly
 //!   checkpoint interval, the yardstick the simulator's results are checked against.
+//! - [`run`]: the simulation: the repairer's own engine, policy, workflows, guard rails and
+//!   embedded job queue on a [`fleetmend_repairer::clock::VirtualClock`], driven as a
+//!   discrete-event simulation against [`world`] (the simulated nodes and their agents, the
+//!   provider's reboots and replacements, people fixing what the repairer leaves to them) and the
+//!   simulated training jobs of [`job`], which follow the checkpoint protocol.
+//! - [`config`], [`report`], [`cli`] and [`plot`]: the settings (one TOML document, every field
+//!   overridable by its dotted path), the results (text and deterministic JSON), the
+//!   `fleetmend simulate` command with its sweep, and the SVG chart.
 //!
-//! What it does not do yet: there is no simulation loop. Running the repairer's own decision code
-//! (policy, engine, workflows, guard rails) on a virtual clock against simulated nodes, a simulated
-//! provider and checkpointing jobs; repairs that report success without fixing the node; ETTR and
-//! lost-time accounting; the `fleetmend simulate` command and its output all come with issue 12's
-//! later steps, on top of these pieces.
+//! What the simulation does not send: the heartbeats of nodes with nothing new to say (2,048
+//! nodes every 10 s for 54 days would be ~955 million reports that change nothing). A node reports
+//! when something changes, sends its heartbeats in full while a fault is new (the policy debounces
+//! by observations), takes the commands waiting for it at its heartbeat times, and is otherwise
+//! heard from through [`ports::Presence`], the repairer's `Heartbeats` port.
 
 pub mod catalog;
+pub mod cli;
+pub mod config;
 pub mod failures;
+pub mod job;
 pub mod model;
+pub mod plot;
+pub mod ports;
+pub mod report;
+pub mod run;
+pub mod world;

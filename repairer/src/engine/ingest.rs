@@ -1,14 +1,26 @@
 //! What comes in: agents' reports, findings from external alert sources, and the tick that sees
 //! nodes go silent.
 
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 
 use fleetmend_proto::{Finding, RecommendedAction, Report, ReportReply, Status};
 
 use super::{Engine, EngineError};
 use crate::model::TrackedFinding;
+use crate::policy::Hold;
 use crate::model::{Actor, Event, EventKind, FindingKey, FindingSource, NodeState, Severity};
 use crate::nodes::{self, NodeRecord, metrics_target, remove_findings, track};
+
+/// Whether `node`'s action is held by the breaker or a limit on the fleet (what only a change of
+/// the fleet or the breaker releases).
+fn held_by_the_fleet(node: &NodeRecord) -> bool {
+    let fleet_holds = [Hold::Breaker, Hold::MaxConcurrentRepairs, Hold::MaxUnavailable];
+    node.last_noted.as_deref().is_some_and(|note| {
+        note.strip_prefix("held:").is_some_and(|held| {
+            fleet_holds.iter().any(|hold| held.ends_with(&format!(":{}", hold.as_str())))
+        })
+    })
+}
 
 /// The finding the repairer keeps on a node that stopped reporting.
 const UNREACHABLE: &str = "unreachable";
@@ -141,16 +153,25 @@ impl Engine {
             * u64::from(self.config.unreachable_after);
         let names: Vec<String> = {
             let mut nodes = self.nodes.lock();
-            let silent: Vec<String> = nodes
-                .records()
-                .filter(|node| {
-                    now.saturating_sub(node.last_report_ms.max(self.started_ms)) > deadline
-                        && !node.findings.iter().any(|t| t.finding.finding == UNREACHABLE)
-                        && node.state.is_member()
-                        && node.state != NodeState::Repairing
-                })
-                .map(|node| node.name.clone())
-                .collect();
+            let heartbeats = self.nodes.heartbeats();
+            let heard = |node: &NodeRecord| match heartbeats {
+                Some(heartbeats) => heartbeats.last_heard_ms(&node.name, node.last_report_ms),
+                None => node.last_report_ms,
+            };
+            let is_silent = |node: &NodeRecord| {
+                now.saturating_sub(heard(node).max(self.started_ms)) > deadline
+                    && !node.findings.iter().any(|t| t.finding.finding == UNREACHABLE)
+                    && node.state.is_member()
+                    && node.state != NodeState::Repairing
+            };
+            let silent: Vec<String> = match heartbeats {
+                Some(heartbeats) => heartbeats
+                    .maybe_silent_since(now.saturating_sub(deadline))
+                    .into_iter()
+                    .filter(|name| nodes.get(name).is_some_and(is_silent))
+                    .collect(),
+                None => nodes.records().filter(|n| is_silent(n)).map(|n| n.name.clone()).collect(),
+            };
             for name in silent {
                 let marked = nodes
                     .update(&name, |node, events| self.mark_unreachable(node, events, now))
@@ -160,16 +181,23 @@ impl Engine {
                 }
             }
             // Nodes whose decision can change with time: debounce durations, cooldowns ending,
-            // held actions, drained nodes waiting for their findings to clear.
-            nodes
-                .records()
-                .filter(|n| match n.state {
-                    NodeState::Healthy => !n.findings.is_empty(),
-                    NodeState::Suspect | NodeState::Unreachable | NodeState::Drained => true,
-                    _ => false,
-                })
-                .map(|n| n.name.clone())
-                .collect()
+            // held actions, drained nodes waiting for their findings to clear (kept as records
+            // change, not found by a pass over the fleet). An action held by the breaker or by a
+            // limit on the fleet (concurrent repairs, unavailable nodes) waits for the fleet to
+            // change, not for time: while no node changed state and the breaker did not move,
+            // deciding again about it would decide the same (a storm holds thousands).
+            let version = (nodes.generation(), self.breaker.is_open());
+            let fleet_moved = {
+                let mut last = self.tick_version.lock().unwrap_or_else(PoisonError::into_inner);
+                let moved = *last != Some(version);
+                *last = Some(version);
+                moved
+            };
+            let mut timed = nodes.timed();
+            if !fleet_moved {
+                timed.retain(|name| !nodes.get(name).is_some_and(held_by_the_fleet));
+            }
+            timed
         };
         for name in names {
             if let Err(err) = self.evaluate(&name, now) {

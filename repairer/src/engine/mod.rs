@@ -135,6 +135,8 @@ pub struct Engine {
     /// When this process loaded the nodes: reports are not persisted, so a node's silence counts
     /// from here, not from a report a previous process received (a restart is not an outage).
     started_ms: u64,
+    /// The fleet's generation and the breaker's state at the last tick (see `tick`).
+    tick_version: std::sync::Mutex<Option<(u64, bool)>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -181,6 +183,7 @@ impl Engine {
             progress,
             workflows,
             started_ms,
+            tick_version: std::sync::Mutex::new(None),
         }))
     }
 

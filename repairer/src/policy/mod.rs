@@ -65,13 +65,14 @@ impl Default for Policy {
 }
 
 impl Policy {
-    /// User rules, then the built-ins not replaced by a user rule of the same name.
-    pub fn effective_rules(&self) -> Vec<RuleConfig> {
-        let mut rules = self.rules.clone();
+    /// User rules, then the built-ins not replaced by a user rule of the same name (borrowed:
+    /// every decision reads them).
+    pub fn effective_rules(&self) -> Vec<&RuleConfig> {
+        let mut rules: Vec<&RuleConfig> = self.rules.iter().collect();
         if self.builtin_rules {
             rules.extend(
-                builtin_rules()
-                    .into_iter()
+                rules::BUILTIN_RULES
+                    .iter()
                     .filter(|b| !self.rules.iter().any(|r| r.name == b.name)),
             );
         }

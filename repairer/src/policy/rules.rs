@@ -116,6 +116,10 @@ pub(super) fn rule(name: &str, action: RuleActionSpec) -> RuleConfig {
     }
 }
 
+/// The built-in rules, built once (every decision reads them).
+pub(super) static BUILTIN_RULES: std::sync::LazyLock<Vec<RuleConfig>> =
+    std::sync::LazyLock::new(builtin_rules);
+
 /// The built-in rules, from the vendor's Xid catalog and DCGM's health rules. Any of them can be
 /// replaced by a user rule of the same name, or all turned off with `builtin_rules = false`.
 pub fn builtin_rules() -> Vec<RuleConfig> {
@@ -188,7 +192,7 @@ pub(super) fn message_part(message: &str) -> String {
 /// to the same action), and whether a disruptive rule matched but waits for its debounce.
 pub(super) fn best_verdict(
     findings: &[TrackedFinding],
-    rules: &[RuleConfig],
+    rules: &[&RuleConfig],
     now_ms: u64,
 ) -> (Option<Verdict>, bool) {
     let mut best: Option<Verdict> = None;

@@ -85,6 +85,7 @@ impl JobQueue {
                     other => other,
                 })?;
                 state.drained = drained;
+                state.placement_blocked = None;
                 UndrainOutcome::Undrained
             }
         })

@@ -89,9 +89,20 @@ struct QueueState {
     next_seq: u64,
     drained: BTreeMap<String, QueueDrain>,
     nodes: BTreeMap<String, NodeSeen>,
-    /// Nodes with a rank of an active job: a report from any other node with no ranks is
-    /// passed over at once (the hot path at 100,000 nodes).
-    assigned: BTreeSet<String>,
+    /// Nodes with a rank of an active job → those ranks (job id, rank): a report from any other
+    /// node with no ranks is passed over at once (the hot path at 100,000 nodes), and a report
+    /// from one of them looks at its own ranks only, not at every rank of a 2,000-rank job.
+    assigned: BTreeMap<String, Vec<(String, u32)>>,
+    /// Jobs whose ranks changed since the tick last moved them on (a rank that started or
+    /// exited: the tick moves the job on once for all its nodes' reports; a failed rank stops
+    /// its job at once).
+    moved: BTreeSet<String>,
+    /// The fleet's generation the tick last looked at (`FleetView::generation`).
+    fleet_generation: Option<u64>,
+    /// When placement last found no room for a queued job: (the fleet's generation, when).
+    /// Placement is tried again when the fleet changes, a drain is lifted, a job is submitted,
+    /// or `PLACEMENT_RETRY` has passed, not on every tick.
+    placement_blocked: Option<(u64, u64)>,
     /// Ranks of old attempts still running, and when SIGKILL was last sent to them.
     stale_kills: BTreeMap<RankKey, u64>,
     /// Jobs whose progress figures changed since they were last saved.
@@ -286,6 +297,7 @@ impl JobQueue {
             .write("put_job", saved)
             .map_err(|source| QueueError::Store { job: id.clone(), source })?;
         state.next_seq += 1;
+        state.placement_blocked = None;
         self.event(
             EventKind::JobSubmitted,
             Severity::Info,
@@ -400,12 +412,13 @@ fn set_state(job: &mut Job, state: JobState, reason: &str, now: u64) {
 }
 
 fn reindex(state: &mut QueueState) {
-    state.assigned = state
-        .jobs
-        .values()
-        .filter(|j| j.state.is_active())
-        .flat_map(|j| j.ranks.iter().map(|r| r.node.clone()))
-        .collect();
+    let mut assigned: BTreeMap<String, Vec<(String, u32)>> = BTreeMap::new();
+    for job in state.jobs.values().filter(|j| j.state.is_active()) {
+        for rank in &job.ranks {
+            assigned.entry(rank.node.clone()).or_default().push((job.id.clone(), rank.rank));
+        }
+    }
+    state.assigned = assigned;
 }
 
 /// Stopping in order to be requeued (restarts remain): it keeps its place in the queue.

@@ -1,12 +1,12 @@
 //! What the agents' reports tell the queue: which ranks run, which exited, which outlived their
 //! attempt.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 
 use fleetmend_proto::{RankKey, RankSignal, RankState, Report, ReportTrigger};
 
 use super::stop::signal_command;
-use super::{JobQueue, reindex};
+use super::{JobQueue, JobState, reindex};
 use crate::ports::ReportObserver;
 
 impl JobQueue {
@@ -35,10 +35,10 @@ impl JobQueue {
             .filter(|r| r.state == RankState::Running)
             .map(|r| r.key.clone())
             .collect();
-        if report.ranks.is_empty() && !had_live && !state.assigned.contains(&report.node) {
+        if report.ranks.is_empty() && !had_live && !state.assigned.contains_key(&report.node) {
             return;
         }
-        let mut touched: BTreeSet<String> = BTreeSet::new();
+        let mut touched: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         let mut stale_running: Vec<RankKey> = Vec::new();
         for status in &report.ranks {
             match state.jobs.get_mut(&status.key.job) {
@@ -48,7 +48,7 @@ impl JobQueue {
                         && rank.status.as_ref() != Some(status)
                     {
                         rank.status = Some(status.clone());
-                        touched.insert(job.id.clone());
+                        touched.entry(job.id.clone()).or_default().push(status.key.rank as usize);
                     }
                 }
                 Some(_) if status.state == RankState::Running => {
@@ -57,27 +57,32 @@ impl JobQueue {
                 _ => {}
             }
         }
-        if state.assigned.contains(&report.node) {
-            // A rank seen running that its node no longer reports is gone: the agent restarted
-            // or the node rebooted.
-            for job in state.jobs.values_mut().filter(|j| j.state.is_active()) {
-                let attempt = job.attempt;
-                for rank in job.ranks.iter_mut().filter(|r| r.node == report.node) {
-                    let listed = report.ranks.iter().any(|s| {
-                        s.key.job == job.id && s.key.attempt == attempt && s.key.rank == rank.rank
-                    });
-                    if let Some(status) = rank.status.as_mut()
-                        && status.state == RankState::Running
-                        && !listed
-                    {
-                        status.state = RankState::Exited;
-                        status.message =
-                            "no longer in its node's reports (the agent restarted or the node rebooted)"
-                                .to_owned();
-                        status.finished_at_ms = Some(now);
-                        touched.insert(job.id.clone());
-                    }
-                }
+        // A rank seen running that its node no longer reports is gone: the agent restarted or
+        // the node rebooted. Only this node's ranks are looked at.
+        let on_node = state.assigned.get(&report.node).cloned().unwrap_or_default();
+        for (id, index) in on_node {
+            let Some(job) = state.jobs.get_mut(&id).filter(|j| j.state.is_active()) else {
+                continue;
+            };
+            let attempt = job.attempt;
+            let Some(rank) = job.ranks.get_mut(index as usize).filter(|r| r.node == report.node)
+            else {
+                continue;
+            };
+            let listed = report
+                .ranks
+                .iter()
+                .any(|s| s.key.job == id && s.key.attempt == attempt && s.key.rank == rank.rank);
+            if let Some(status) = rank.status.as_mut()
+                && status.state == RankState::Running
+                && !listed
+            {
+                status.state = RankState::Exited;
+                status.message =
+                    "no longer in its node's reports (the agent restarted or the node rebooted)"
+                        .to_owned();
+                status.finished_at_ms = Some(now);
+                touched.entry(id).or_default().push(index as usize);
             }
         }
         for key in stale_running {
@@ -90,13 +95,24 @@ impl JobQueue {
                 state.stale_kills.insert(key, now);
             }
         }
-        for id in &touched {
-            if let Some(job) = state.jobs.get_mut(id) {
+        // A failed rank of a starting or running job stops the job at once; anything else (a
+        // rank started, a rank of a stopping job exited) moves its job on at the next tick, once
+        // for every report of the tick: each report would otherwise look at every rank of the job.
+        let mut stopped = false;
+        for (id, ranks) in touched {
+            let Some(job) = state.jobs.get_mut(&id) else { continue };
+            let failed = matches!(job.state, JobState::Starting | JobState::Running)
+                && ranks.iter().any(|&i| job.ranks.get(i).is_some_and(|r| r.failure().is_some()));
+            if failed {
                 self.advance(job, now, None);
                 self.save(job);
+                stopped = true;
+            } else {
+                state.dirty.insert(id.clone());
+                state.moved.insert(id);
             }
         }
-        if !touched.is_empty() {
+        if stopped {
             reindex(&mut state);
         }
     }

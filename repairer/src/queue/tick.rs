@@ -13,18 +13,72 @@ use super::{
     AttemptRecord, Job, JobQueue, JobState, QueueState, RankRecord, StopCause, Unusable, reindex,
     restarting, set_state,
 };
+
+/// How long placement that found no room waits before trying again with an unchanged fleet (a
+/// node whose silence ended without a change of state is eligible again).
+const PLACEMENT_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Attempts whose node lists a job's history keeps (the newest).
+const ATTEMPTS_WITH_NODES: usize = 16;
+
+/// What the index of assigned nodes is built from: each active job's attempt and ranks. The
+/// index is rebuilt only when this changed.
+fn shape(state: &QueueState) -> Vec<(u64, u32, usize)> {
+    state
+        .jobs
+        .values()
+        .filter(|j| j.state.is_active())
+        .map(|j| (j.seq, j.attempt, j.ranks.len()))
+        .collect()
+}
 use crate::model::{EventKind, NodeState, Severity};
 
 impl JobQueue {
     /// Time-based work: start timeouts, lost nodes, the stop sequence, placement, saving progress.
     pub fn tick(&self, now: u64) {
+        // What needs the pass over the fleet: a node that changed state (a rank's node may have
+        // become unusable) or a job waiting for nodes. With neither, and nothing starting,
+        // stopping or with changed ranks, the tick only saves progress figures (one tick a second
+        // for 54 simulated days of a 2,048-node job).
+        let generation = self.fleet.generation();
+        let (fleet_changed, waiting) = {
+            let mut state = self.lock();
+            let fleet_changed = state.fleet_generation != Some(generation);
+            // A queued job for which there was no room waits for the fleet to change.
+            let retry = state.placement_blocked.is_none_or(|(blocked_generation, at)| {
+                blocked_generation != generation
+                    || now.saturating_sub(at) >= PLACEMENT_RETRY.as_millis() as u64
+            });
+            let settled = |j: &Job| {
+                j.state == JobState::Running
+                    || j.state.is_final()
+                    || (j.state == JobState::Queued && !retry)
+            };
+            let quiet = !fleet_changed
+                && state.moved.is_empty()
+                && state.stale_kills.is_empty()
+                && state.jobs.values().all(settled);
+            if quiet {
+                self.save_dirty(&mut state);
+                return;
+            }
+            state.fleet_generation = Some(generation);
+            state.moved.clear();
+            // Only a queued job can be placed (one still stopping cannot start yet, and holds
+            // the jobs behind it).
+            let waiting = retry && state.jobs.values().any(|j| j.state == JobState::Queued);
+            (fleet_changed, waiting)
+        };
         // The engine's lock is taken before the queue's, never inside it.
-        let health: BTreeMap<String, (NodeState, u64)> = self
-            .fleet
-            .node_health()
-            .into_iter()
-            .map(|n| (n.name, (n.state, n.last_report_ms)))
-            .collect();
+        let health: BTreeMap<String, (NodeState, u64)> = if fleet_changed || waiting {
+            self.fleet
+                .node_health()
+                .into_iter()
+                .map(|n| (n.name, (n.state, n.last_report_ms)))
+                .collect()
+        } else {
+            BTreeMap::new()
+        };
         let mut state = self.lock();
         let drained = state.drained.clone();
         let unusable = |node: &str| -> Option<String> {
@@ -36,24 +90,40 @@ impl JobQueue {
                 Some((state, _)) => Some(format!("its node is {state}")),
             }
         };
+        // Nodes turn unusable only with a change of state (a drain stops its jobs at once).
+        let unusable: Option<&Unusable<'_>> = if fleet_changed { Some(&unusable) } else { None };
+        let shape = shape(&state);
         let active: Vec<String> =
             state.jobs.values().filter(|j| j.state.is_active()).map(|j| j.id.clone()).collect();
         for id in &active {
             if let Some(job) = state.jobs.get_mut(id) {
-                self.advance(job, now, Some(&unusable));
+                self.advance(job, now, unusable);
             }
         }
-        reindex(&mut state);
-        self.place_waiting(&mut state, &health, now);
-        reindex(&mut state);
-        let dirty = std::mem::take(&mut state.dirty);
-        for id in dirty {
+        if shape != self::shape(&state) {
+            reindex(&mut state);
+        }
+        if waiting {
+            let shape = self::shape(&state);
+            self.place_waiting(&mut state, &health, now);
+            let still_queued = state.jobs.values().any(|j| j.state == JobState::Queued);
+            state.placement_blocked = still_queued.then_some((generation, now));
+            if shape != self::shape(&state) {
+                reindex(&mut state);
+            }
+        }
+        self.save_dirty(&mut state);
+        let grace = self.config.stop_grace.as_millis() as u64 * 4;
+        state.stale_kills.retain(|_, sent| now.saturating_sub(*sent) < grace);
+    }
+
+    /// Saves the jobs whose progress figures or ranks changed since they were last saved.
+    fn save_dirty(&self, state: &mut QueueState) {
+        for id in std::mem::take(&mut state.dirty) {
             if let Some(job) = state.jobs.get(&id) {
                 self.save(job);
             }
         }
-        let grace = self.config.stop_grace.as_millis() as u64 * 4;
-        state.stale_kills.retain(|_, sent| now.saturating_sub(*sent) < grace);
     }
 
     fn place_waiting(
@@ -151,6 +221,12 @@ impl JobQueue {
             started_ms: now,
             ..AttemptRecord::default()
         });
+        // The job's document is saved on every change: older attempts keep their times, not
+        // their node lists (a 2,000-node job restarted 400 times would carry 800,000 names).
+        let older = job.history.len().saturating_sub(ATTEMPTS_WITH_NODES);
+        for attempt in &mut job.history[..older] {
+            attempt.nodes = Vec::new();
+        }
         job.measured.steps_per_second = None;
         let what = format!(
             "started on {} (MASTER_ADDR={} MASTER_PORT={})",

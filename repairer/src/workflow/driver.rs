@@ -88,6 +88,7 @@ pub async fn run(cx: Arc<WorkflowContext>, mut workflow: Workflow) {
             Effect::WaitUntil { until_ms } => {
                 let wait = Duration::from_millis(until_ms.saturating_sub(cx.clock.now_ms()));
                 tokio::select! {
+                    biased;
                     () = cx.clock.sleep(wait) => {}
                     () = cx.progress.notified() => {}
                 }

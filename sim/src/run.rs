@@ -1,0 +1,391 @@
+//! One simulation: the repairer's own engine, policy, workflows, guard rails and embedded job queue
+//! wired as `fleetmend repairer` wires them (an in-memory store instead of a file, no HTTP), on a
+//! [`VirtualClock`], against the simulated fleet of `world.rs`.
+//!
+//! The loop is a discrete-event simulation. Each pass lets every task of the repairer run until
+//! none can go on (a single-threaded tokio runtime whose own timer is paused: a timer of the
+//! runtime fires only once every task waits, so the loop's own 1 ms sleep returning means the
+//! repairer is idle), carries out the provider calls made meanwhile, schedules the heartbeats that
+//! pick up waiting commands, and then moves the virtual clock straight to whichever comes first:
+//! the earliest sleeper of the repairer (a tick, a workflow's timeout) or the next happening of
+//! the world (a fault, a heartbeat, a reboot ending). Nothing waits on the wall clock.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleetmend_repairer::clock::{Clock, SharedClock, VirtualClock};
+use fleetmend_repairer::commands::CommandQueue;
+use fleetmend_repairer::engine::{Engine, EngineParts, Nodes};
+use fleetmend_repairer::metrics::RepairerMetrics;
+use fleetmend_repairer::model::{Event, EventKind, NodeState, RuleAction, Severity};
+use fleetmend_repairer::ports::{EventLog, FleetView, ReportObserver};
+use fleetmend_repairer::queue::{CheckpointEvery, JobQueue, JobSpec, QueuePorts};
+use fleetmend_repairer::store::Store;
+
+use crate::config::{Interval, SimConfig};
+use crate::failures::FailureStream;
+use crate::job::SimJob;
+use crate::model::EttrModel;
+use crate::ports::{Presence, SimProvider};
+use crate::report::{FailureFigures, RepairFigures, Setting, SimReport};
+use crate::world::{Happening, Parts, World};
+
+/// Where the virtual clock starts: 2026-01-01T00:00:00Z (any fixed time would do; a fixed one
+/// keeps the event log of a seed the same).
+const START_MS: u64 = 1_767_225_600_000;
+
+/// A simulation could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error(transparent)]
+    Config(#[from] crate::config::SimConfigError),
+    #[error("the failure settings: {0}")]
+    Failures(String),
+    #[error("building the repairer: {0}")]
+    Repairer(String),
+    #[error("starting the simulation's runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// Runs one simulation of `config`; `progress` is told the share of simulated time done (0 to 1).
+pub fn simulate(
+    config: &SimConfig,
+    progress: Option<&(dyn Fn(f64) + Sync)>,
+) -> Result<SimReport, SimError> {
+    simulate_recorded(config, progress).map(|(report, _)| report)
+}
+
+/// [`simulate`], with every event the repairer wrote to its audit log, oldest first.
+pub fn simulate_recorded(
+    config: &SimConfig,
+    progress: Option<&(dyn Fn(f64) + Sync)>,
+) -> Result<(SimReport, Vec<Event>), SimError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .map_err(SimError::Runtime)?;
+    // The workflows' retry jitter draws from the thread's generator: seeded, a run repeats.
+    fastrand::seed(config.fleet.seed);
+    runtime.block_on(run(config.clone(), progress))
+}
+
+async fn run(
+    config: SimConfig,
+    progress: Option<&(dyn Fn(f64) + Sync)>,
+) -> Result<(SimReport, Vec<Event>), SimError> {
+    let catalog = config.catalog()?;
+    let failure_config = config.failure_config(&catalog);
+    let horizon = config.fleet.duration;
+    let mut stream = FailureStream::new(&failure_config, &catalog, config.fleet.seed, horizon)
+        .map_err(|err| SimError::Failures(err.to_string()))?;
+    let lemons = stream.lemons();
+    let clock = VirtualClock::new(START_MS);
+    let shared: SharedClock = clock.clone();
+    let mut world = build(&config, catalog, shared.clone())?;
+    let end = START_MS + horizon.as_millis() as u64;
+    for (i, fault) in config.events.iter().enumerate() {
+        let category = SimConfig::scripted_category(fault, &world.catalog)
+            .map_err(|message| SimError::Failures(format!("event[{i}]: {message}")))?;
+        let nodes = fault.nodes.unwrap_or_else(|| {
+            (f64::from(config.fleet.nodes) * fault.fraction.unwrap_or(0.0)).round() as u32
+        });
+        let slots: Vec<u32> = (0..nodes.min(config.fleet.nodes)).collect();
+        let at = START_MS + fault.at.as_millis() as u64;
+        world.schedule(at, Happening::Fault { slots, category, correlated: true });
+    }
+    world.join_all();
+    submit_jobs(&mut world)?;
+    let mut next_failure = stream.next();
+    let mut last_told = 0.0;
+    loop {
+        settle(&mut world).await;
+        while let Some(failure) =
+            next_failure.take_if(|f| START_MS + f.at.as_millis() as u64 <= clock.now_ms())
+        {
+            world.handle(Happening::Fault {
+                slots: failure.nodes.clone(),
+                category: failure.category,
+                correlated: failure.correlated,
+            });
+            next_failure = stream.next();
+        }
+        let failure_at = next_failure.as_ref().map(|f| START_MS + f.at.as_millis() as u64);
+        let next = [clock.next_deadline(), world.next_at(), failure_at].into_iter().flatten().min();
+        let Some(next) = next.filter(|at| *at < end) else { break };
+        clock.advance_to(next.max(clock.now_ms()));
+        world.tally.events += 1;
+        let now = clock.now_ms();
+        while let Some(what) = world.pop_due(now) {
+            world.handle(what);
+        }
+        if let Some(tell) = progress {
+            let done = (now - START_MS) as f64 / (end - START_MS) as f64;
+            if done - last_told >= 0.001 {
+                tell(done);
+                last_told = done;
+            }
+        }
+    }
+    clock.advance_to(end);
+    settle(&mut world).await;
+    if let Some(tell) = progress {
+        tell(1.0);
+    }
+    let events = audit_log(&world);
+    Ok((report(&config, &mut world, &lemons, end, &events), events))
+}
+
+/// Every event in the repairer's store, oldest first.
+fn audit_log(world: &World) -> Vec<Event> {
+    let store = world.engine.store();
+    let mut all = Vec::new();
+    loop {
+        let after = all.last().map_or(0, |e: &Event| e.id);
+        match store.events(after, None, 10_000) {
+            Ok(events) if !events.is_empty() => all.extend(events),
+            _ => return all,
+        }
+    }
+}
+
+/// Lets the repairer's tasks run until every one waits, carrying out what they asked of the
+/// world meanwhile.
+async fn settle(world: &mut World) {
+    loop {
+        // The runtime's paused timer fires only once no task can run.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        world.provider_calls();
+        world.schedule_heartbeats();
+        let now = world.now();
+        let mut any = false;
+        while let Some(what) = world.pop_due(now) {
+            world.handle(what);
+            any = true;
+        }
+        if !any {
+            return;
+        }
+    }
+}
+
+fn build(
+    config: &SimConfig,
+    catalog: crate::catalog::FaultCatalog,
+    clock: SharedClock,
+) -> Result<World, SimError> {
+    let repairer_err = |err: &dyn std::fmt::Display| SimError::Repairer(err.to_string());
+    let store = Arc::new(Store::in_memory().map_err(|e| repairer_err(&e))?);
+    let metrics = Arc::new(RepairerMetrics::new());
+    let events = Arc::new(EventLog::new(store, metrics.clone()));
+    let presence = Presence::new(clock.clone());
+    let nodes = Arc::new(
+        Nodes::load(events.clone())
+            .map_err(|e| repairer_err(&e))?
+            .with_heartbeats(presence.clone()),
+    );
+    let commands = Arc::new(CommandQueue::new());
+    let settings = &config.repairer;
+    let engine_config = settings.engine.clone();
+    let window = engine_config.report_interval.saturating_mul(engine_config.unreachable_after);
+    let ports = QueuePorts {
+        events: events.clone(),
+        commands: commands.clone(),
+        fleet: nodes.clone() as Arc<dyn FleetView>,
+        clock: clock.clone(),
+    };
+    let queue =
+        JobQueue::load(settings.queue.clone(), ports, window, "http://fleetmend-simulated:9830")
+            .map_err(|e| repairer_err(&e))?;
+    let provider = SimProvider::new(clock.clone(), presence.clone());
+    let engine = Engine::new(EngineParts {
+        clock: clock.clone(),
+        events,
+        nodes,
+        metrics,
+        policy: settings.policy.clone(),
+        config: engine_config,
+        scheduler: queue.clone(),
+        provider: provider.clone(),
+        commands: commands.clone(),
+        observer: Some(queue.clone() as Arc<dyn ReportObserver>),
+        tracer: None,
+    })
+    .map_err(|e| repairer_err(&e))?;
+    engine.start().map_err(|e| repairer_err(&e))?;
+    queue.start();
+    Ok(World::new(Parts {
+        config: config.clone(),
+        catalog,
+        clock,
+        engine,
+        queue,
+        commands,
+        presence,
+        provider,
+    }))
+}
+
+/// Submits the job(s): the fleet less its spares, in equal shares.
+fn submit_jobs(world: &mut World) -> Result<(), SimError> {
+    let job = world.config.job.clone();
+    let fleet = &world.config.fleet;
+    let total = fleet.nodes - fleet.spares;
+    let share = total / job.jobs;
+    let step_s = job.step_time.as_secs_f64();
+    let (checkpoint_every, interval_s) = match job.checkpoint_every {
+        Interval::Every(every) => {
+            let steps = (every.as_secs_f64() / step_s).round().max(1.0) as u64;
+            (CheckpointEvery::Steps(steps), every.as_secs_f64())
+        }
+        // Until the queue's first answer: its prior MTBF's Young/Daly interval.
+        Interval::Auto => {
+            let prior = world.config.repairer.queue.mtbf_prior.as_secs_f64();
+            let w = job.checkpoint_write.as_secs_f64().max(step_s);
+            (CheckpointEvery::Auto, (2.0 * w * prior).sqrt())
+        }
+    };
+    let now = world.now();
+    for i in 0..job.jobs {
+        let spec = JobSpec {
+            name: Some(format!("train-{i}")),
+            argv: vec!["train".to_owned()],
+            nodes: share,
+            priority: 0,
+            checkpoint_dir: format!("/checkpoints/train-{i}"),
+            max_restarts: u32::MAX,
+            checkpoint_every: Some(checkpoint_every),
+            env: BTreeMap::new(),
+        };
+        let view =
+            world.queue.submit(spec, "simulate").map_err(|e| SimError::Repairer(e.to_string()))?;
+        let id = view.job.id.clone();
+        world.jobs.insert(id.clone(), SimJob::new(&id, share, "", interval_s, now));
+    }
+    Ok(())
+}
+
+fn report(
+    config: &SimConfig,
+    world: &mut World,
+    lemons: &[u32],
+    end: u64,
+    events: &[Event],
+) -> SimReport {
+    let held = world.held();
+    let wall_s = (end - START_MS) as f64 / 1000.0;
+    let mut jobs = Vec::new();
+    for job in world.jobs.values_mut() {
+        job.accrue(end, held);
+        if job.interrupted.is_some() {
+            job.account_interruption(end, end, held);
+        }
+    }
+    for job in world.jobs.values() {
+        let restarts = world.queue.job(&job.id).map_or(0, |v| v.job.restarts);
+        jobs.push(job.result(wall_s, restarts, job.interval_s));
+    }
+    let ettr = if jobs.is_empty() {
+        0.0
+    } else {
+        jobs.iter().map(|j| j.ettr).sum::<f64>() / jobs.len() as f64
+    };
+    let interruptions: u32 = jobs.iter().map(|j| j.interruptions).sum();
+    let catalog = &world.catalog;
+    let rate = config.failures.rate_per_node_day.unwrap_or_else(|| catalog.rate_per_node_day());
+    let job_nodes = jobs.first().map_or(config.fleet.nodes, |j| j.nodes);
+    let interval_s = jobs.first().map_or(1800.0, |j| j.checkpoint_interval_seconds);
+    let model = EttrModel {
+        nodes: job_nodes,
+        failures_per_node_day: rate,
+        restart_overhead: config.job.restart,
+        checkpoint_interval: Duration::from_secs_f64(interval_s.max(1.0)),
+        checkpoint_write: config.job.checkpoint_write,
+    };
+    let tally = world.tally.clone();
+    let repairs = repair_figures(world, lemons, &tally, events);
+    let failures = FailureFigures {
+        node_failures: tally.node_failures,
+        by_category: tally.by_category.clone(),
+        correlated_events: tally.correlated_events,
+        lemon_nodes: lemons.len() as u32,
+        silent_repair_failures: tally.silent_repair_failures,
+    };
+    SimReport {
+        setting: Setting {
+            nodes: config.fleet.nodes,
+            gpus_per_node: config.fleet.gpus_per_node,
+            days: config.fleet.duration.as_secs_f64() / 86_400.0,
+            spares: config.fleet.spares,
+            seed: config.fleet.seed,
+            jobs: config.job.jobs,
+            checkpoint_every: config.job.checkpoint_every.to_string(),
+            checkpoint_write_seconds: config.job.checkpoint_write.as_secs_f64(),
+            restart_seconds: config.job.restart.as_secs_f64(),
+            failures_per_node_day: rate,
+            catalog: catalog.source.clone(),
+        },
+        ettr,
+        jobs,
+        model_ettr: model.expected_ettr().unwrap_or(0.0),
+        failures,
+        repairs,
+        mtbi_hours: (interruptions > 0).then(|| wall_s / 3600.0 / f64::from(interruptions)),
+        sim_events: tally.events,
+    }
+}
+
+/// What the repairer did, from its own event log.
+fn repair_figures(
+    world: &World,
+    lemons: &[u32],
+    tally: &crate::world::Tally,
+    events: &[Event],
+) -> RepairFigures {
+    let mut figures = RepairFigures {
+        reboots: tally.reboots,
+        replacements: tally.replacements,
+        spares_used: tally.spares_used,
+        ..RepairFigures::default()
+    };
+    for event in events {
+        match event.kind {
+            EventKind::Decision => {
+                let action = event.action.map_or("none".to_owned(), |a| a.to_string());
+                *figures.decisions.entry(action).or_default() += 1;
+            }
+            EventKind::ActionHeld => figures.actions_held += 1,
+            EventKind::Breaker if event.severity == Severity::Critical => {
+                figures.breaker_openings += 1;
+            }
+            EventKind::RepairFinished => {
+                let action = event.action.unwrap_or(RuleAction::Alert).to_string();
+                let outcome = if event.reason.contains("escalating") {
+                    "escalated"
+                } else if event.severity == Severity::Critical {
+                    "quarantined"
+                } else {
+                    "finished"
+                };
+                *figures
+                    .workflows
+                    .entry(action)
+                    .or_default()
+                    .entry(outcome.to_owned())
+                    .or_default() += 1;
+            }
+            _ => {}
+        }
+    }
+    let lemon_slots: std::collections::BTreeSet<u32> = lemons.iter().copied().collect();
+    for record in world.engine.nodes() {
+        if record.state == NodeState::Quarantined {
+            figures.quarantined += 1;
+            if world.nodes.get(&record.name).is_some_and(|n| lemon_slots.contains(&n.slot)) {
+                figures.quarantined_lemons += 1;
+            }
+        }
+    }
+    figures
+}
