@@ -368,10 +368,8 @@ impl SimConfig {
             match (fault.nodes, fault.fraction) {
                 (Some(_), None) => {}
                 (None, Some(f)) if f > 0.0 && f <= 1.0 => {}
-                (None, Some(f)) => problems.push(
-                    format!("{field}.fraction"),
-                    format!("{f} is not above 0 and at most 1"),
-                ),
+                (None, Some(f)) => problems
+                    .push(format!("{field}.fraction"), format!("{f} is not above 0 and at most 1")),
                 _ => problems.push(&field, "set either nodes or fraction"),
             }
             if fault.at >= fleet.duration {

@@ -35,7 +35,9 @@ replace_time = "2days"
 /// Kokolis et al. (arXiv 2410.21680): E[ETTR] ≈ [1 − N·r_f·(u0 + Δt/2)] / (1 + w/Δt). With
 /// N = 2,048, r_f = 6.5 per 1,000 node-days, u0 = 5 min and w = 0: ≈ 0.93 at a 5-minute interval,
 /// ≈ 0.68 at 60 minutes. The simulator, set to the model's assumptions (every failure kills the
-/// job, no checkpoint at the signal, no lemons), lands within ±0.03 of it.
+/// job, no checkpoint at the signal, no lemons), lands within ±0.03 of it. The formula reads only
+/// N·r_f: the test runs 256 nodes at 8 times the rate (the same 13.3 job failures a day, an eighth
+/// of the ranks to restart in a debug build); BENCHMARKS.md has the 2,048-node run.
 #[test]
 fn the_simulated_ettr_follows_the_closed_form_model() {
     let mut catalog = tempfile::NamedTempFile::new().unwrap();
@@ -44,11 +46,11 @@ fn the_simulated_ettr_follows_the_closed_form_model() {
     for (interval, expected) in [("5m", 0.9307), ("30m", 0.8151), ("60m", 0.6765)] {
         let config = config(&[
             ("catalog", &path),
-            ("fleet.nodes", "2048"),
+            ("fleet.nodes", "256"),
             ("fleet.spares", "0"),
             ("fleet.duration", "54days"),
             ("fleet.seed", "12"),
-            ("failures.rate_per_node_day", "0.0065"),
+            ("failures.rate_per_node_day", "0.052"),
             ("failures.lemons.fraction", "0.0"),
             ("failures.lemons.factor", "1.0"),
             ("failures.silent_repair_rate", "0.0"),
