@@ -7,9 +7,9 @@ use fleetmend_proto::{Finding, RecommendedAction, Report, ReportReply, Status};
 
 use super::{Engine, EngineError};
 use crate::model::TrackedFinding;
-use crate::policy::Hold;
 use crate::model::{Actor, Event, EventKind, FindingKey, FindingSource, NodeState, Severity};
 use crate::nodes::{self, NodeRecord, metrics_target, remove_findings, track};
+use crate::policy::Hold;
 
 /// Whether `node`'s action is held by the breaker or a limit on the fleet (what only a change of
 /// the fleet or the breaker releases).
