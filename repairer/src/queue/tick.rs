@@ -102,6 +102,9 @@ impl JobQueue {
         }
         if shape != self::shape(&state) {
             reindex(&mut state);
+            // A job ended or was requeued: its nodes may be free for a queued job (placed at the
+            // next tick, which reads the fleet first).
+            state.placement_blocked = None;
         }
         if waiting {
             let shape = self::shape(&state);
