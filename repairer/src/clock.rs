@@ -76,12 +76,16 @@ pub async fn timeout<T>(
 #[error("no answer within {0:?}")]
 pub struct Elapsed(pub Duration);
 
-/// Calls `tick` with the clock's time every `period` (the first call after one period), for as
-/// long as it returns true. A tick that takes longer than the period delays the next one rather
-/// than bunching them up.
+/// Calls `tick` with the clock's time at every whole multiple of `period` (the first at the
+/// next one), for as long as it returns true. Loops of one period tick together (the engine's and
+/// the queue's: one wake-up a second, not two), and a tick that takes longer than the period
+/// skips the multiples it missed rather than bunching them up.
 pub async fn every(clock: SharedClock, period: Duration, mut tick: impl FnMut(u64) -> bool) {
+    let period_ms = (period.as_millis() as u64).max(1);
     loop {
-        clock.sleep(period).await;
+        let now = clock.now_ms();
+        let next = (now / period_ms + 1) * period_ms;
+        clock.sleep(Duration::from_millis(next - now)).await;
         if !tick(clock.now_ms()) {
             return;
         }
@@ -214,6 +218,46 @@ mod tests {
         assert_eq!(result, Err(Elapsed(Duration::from_secs(30))));
         let ready = timeout(&*clock, Duration::from_secs(1), async { 7 }).await;
         assert_eq!(ready, Ok(7));
+    }
+
+    #[tokio::test]
+    async fn loops_of_one_period_tick_together_on_its_whole_multiples() {
+        let clock = VirtualClock::new(10_250);
+        let ticks = Arc::new(Mutex::new(Vec::new()));
+        let shared: SharedClock = clock.clone();
+        let spawn_loop = |name: &'static str| {
+            let ticks = ticks.clone();
+            tokio::spawn(every(shared.clone(), Duration::from_secs(1), move |now| {
+                ticks.lock().unwrap().push((name, now));
+                now < 12_000
+            }))
+        };
+        let first = spawn_loop("first");
+        while clock.sleepers() < 1 {
+            tokio::task::yield_now().await;
+        }
+        clock.advance_to(10_600);
+        let second = spawn_loop("second");
+        while clock.sleepers() < 2 {
+            tokio::task::yield_now().await;
+        }
+        // Both wait for 11 000: one deadline, one wake-up for the two.
+        assert_eq!(clock.next_deadline(), Some(11_000));
+        for to in [11_000, 12_000] {
+            clock.advance_to(to);
+            while ticks.lock().unwrap().iter().filter(|(_, at)| *at == to).count() < 2 {
+                tokio::task::yield_now().await;
+            }
+        }
+        for task in [first, second] {
+            tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+        }
+        let mut seen = ticks.lock().unwrap().clone();
+        seen.sort();
+        assert_eq!(
+            seen,
+            [("first", 11_000), ("first", 12_000), ("second", 11_000), ("second", 12_000)]
+        );
     }
 
     #[test]

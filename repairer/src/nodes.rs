@@ -318,6 +318,10 @@ impl crate::ports::FleetView for Nodes {
     fn generation(&self) -> u64 {
         self.lock().inner.counts.generation
     }
+
+    fn healthy(&self) -> u64 {
+        self.lock().inner.counts.by_state.get(&NodeState::Healthy).copied().unwrap_or(0)
+    }
 }
 
 /// The locked nodes.

@@ -72,6 +72,9 @@ pub trait FleetView: Send + Sync {
     /// A number that moves on whenever a node joins or changes state: while it stands still,
     /// what `node_health` says of every node's state stands still too.
     fn generation(&self) -> u64;
+    /// How many nodes are healthy: no job needing more can be placed (read without a pass over
+    /// the fleet).
+    fn healthy(&self) -> u64;
 }
 
 /// The heartbeats between reports, where the reports themselves are not sent. An agent reports

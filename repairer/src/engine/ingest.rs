@@ -31,7 +31,8 @@ impl Engine {
         let now = self.clock.now_ms();
         self.commands.record_results(&report.command_results);
         let mut nodes = self.nodes.lock();
-        if nodes.get(&report.node).is_none() {
+        let joined = nodes.get(&report.node).is_none();
+        if joined {
             self.events.record(&Event::new(
                 EventKind::NodeJoined,
                 Severity::Info,
@@ -78,7 +79,8 @@ impl Engine {
         if changed {
             self.evaluate(&report.node, now)?;
         }
-        if rebooted || !report.command_results.is_empty() {
+        // What a workflow waits for: a new boot, a replacement's first report, a command's result.
+        if rebooted || joined || !report.command_results.is_empty() {
             self.progress.notify_waiters();
         }
         // The queue's commands for this node (run-rank, signal-rank) ride in this reply.

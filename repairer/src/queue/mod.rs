@@ -105,8 +105,11 @@ struct QueueState {
     placement_blocked: Option<(u64, u64)>,
     /// Ranks of old attempts still running, and when SIGKILL was last sent to them.
     stale_kills: BTreeMap<RankKey, u64>,
-    /// Jobs whose progress figures changed since they were last saved.
+    /// Jobs whose progress figures or ranks changed since they were last saved.
     dirty: BTreeSet<String>,
+    /// When the tick last saved each dirty job (a burst of changes is saved at most once every
+    /// `DIRTY_SAVE_EVERY`).
+    dirty_saved_ms: BTreeMap<String, u64>,
     /// Observed MTBF per job size, and when it was computed.
     mtbf: BTreeMap<u32, (u64, f64)>,
 }

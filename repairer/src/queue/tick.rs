@@ -18,6 +18,13 @@ use super::{
 /// node whose silence ended without a change of state is eligible again).
 const PLACEMENT_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// How often the tick saves a job whose progress figures or ranks keep changing. The first
+/// change after a quiet spell is saved at the next tick; the rest of a burst (the 2,000 ranks of a
+/// restart reporting over one report interval) at most this often: each save writes every rank.
+/// A restarted repairer loses at most this much of the progress figures (the ranks' states come
+/// back with the agents' reports).
+const DIRTY_SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Attempts whose node lists a job's history keeps (the newest).
 const ATTEMPTS_WITH_NODES: usize = 16;
 
@@ -41,6 +48,7 @@ impl JobQueue {
         // stopping or with changed ranks, the tick only saves progress figures (one tick a second
         // for 54 simulated days of a 2,048-node job).
         let generation = self.fleet.generation();
+        let healthy = self.fleet.healthy();
         let (fleet_changed, waiting) = {
             let mut state = self.lock();
             let fleet_changed = state.fleet_generation != Some(generation);
@@ -59,14 +67,33 @@ impl JobQueue {
                 && state.stale_kills.is_empty()
                 && state.jobs.values().all(settled);
             if quiet {
-                self.save_dirty(&mut state);
+                self.save_dirty(&mut state, now);
                 return;
             }
             state.fleet_generation = Some(generation);
             state.moved.clear();
             // Only a queued job can be placed (one still stopping cannot start yet, and holds
-            // the jobs behind it).
-            let waiting = retry && state.jobs.values().any(|j| j.state == JobState::Queued);
+            // the jobs behind it), and only on healthy nodes: while fewer are healthy than the
+            // smallest queued job needs, placement is not tried (a 2,000-node job waiting two
+            // days for a replacement would otherwise read the whole fleet every 30 s).
+            let smallest = state
+                .jobs
+                .values()
+                .filter(|j| j.state == JobState::Queued)
+                .map(|j| u64::from(j.spec.nodes))
+                .min();
+            let waiting = retry && smallest.is_some_and(|nodes| nodes <= healthy);
+            if retry && !waiting {
+                let QueueState { jobs, dirty, .. } = &mut *state;
+                for job in jobs.values_mut().filter(|j| j.state == JobState::Queued) {
+                    let why =
+                        format!("waits for {} eligible node(s): {healthy} healthy", job.spec.nodes);
+                    if job.reason != why {
+                        job.reason = why;
+                        dirty.insert(job.id.clone());
+                    }
+                }
+            }
             (fleet_changed, waiting)
         };
         // The engine's lock is taken before the queue's, never inside it.
@@ -115,18 +142,27 @@ impl JobQueue {
                 reindex(&mut state);
             }
         }
-        self.save_dirty(&mut state);
+        self.save_dirty(&mut state, now);
         let grace = self.config.stop_grace.as_millis() as u64 * 4;
         state.stale_kills.retain(|_, sent| now.saturating_sub(*sent) < grace);
     }
 
-    /// Saves the jobs whose progress figures or ranks changed since they were last saved.
-    fn save_dirty(&self, state: &mut QueueState) {
-        for id in std::mem::take(&mut state.dirty) {
-            if let Some(job) = state.jobs.get(&id) {
-                self.save(job);
+    /// Saves the jobs whose progress figures or ranks changed since they were last saved, each at
+    /// most once every `DIRTY_SAVE_EVERY`.
+    fn save_dirty(&self, state: &mut QueueState, now: u64) {
+        let every = DIRTY_SAVE_EVERY.as_millis() as u64;
+        let QueueState { jobs, dirty, dirty_saved_ms, .. } = state;
+        dirty_saved_ms.retain(|_, at| now.saturating_sub(*at) < every);
+        dirty.retain(|id| {
+            if dirty_saved_ms.contains_key(id) {
+                return true;
             }
-        }
+            if let Some(job) = jobs.get(id) {
+                self.save(job);
+                dirty_saved_ms.insert(id.clone(), now);
+            }
+            false
+        });
     }
 
     fn place_waiting(

@@ -12,13 +12,31 @@ use super::{Outcome, Step, Workflow, WorkflowKind, WorkflowTimeouts};
 use crate::model::{NodeState, RuleAction};
 use crate::scheduler::{DRAIN_REASON_PREFIX, UndrainOutcome};
 
-/// Longest a step that waits for a report sleeps before it looks again: reports wake it earlier,
-/// but not every report that matters does (a replacement's first one).
+/// Longest a step that waits for a report (a new boot, a replacement's first report) sleeps
+/// before it looks again, in the first `AWAIT_POLL_SLOWS_AFTER_MS` of its wait and after: such a
+/// report wakes it at once, the poll only catches a wake-up missed while it was busy. A
+/// replacement may take days; one wake-up a second for each would be most of the repairer's work
+/// in a simulated fleet.
 const AWAIT_POLL_MS: u64 = 1000;
+const AWAIT_POLL_SLOW_MS: u64 = 10_000;
+const AWAIT_POLL_SLOWS_AFTER_MS: u64 = 60_000;
 /// Longest the validate step sleeps before it looks for the deep check's result again.
 const VALIDATE_POLL_MS: u64 = 500;
 /// How often a workflow held by the open breaker looks again.
 const BREAKER_POLL_MS: u64 = 1000;
+
+/// The next whole multiple of `period_ms` after `now`: polls of every workflow (and the engine's
+/// and the queue's ticks) fall on the same instants, one wake-up a second for all of them rather
+/// than one per workflow at its own phase.
+fn next_poll(now: u64, period_ms: u64) -> u64 {
+    (now / period_ms + 1) * period_ms
+}
+
+/// When a step that has waited for a report since `since_ms` looks again.
+fn next_await_poll(now: u64, since_ms: u64) -> u64 {
+    let slow = now.saturating_sub(since_ms) >= AWAIT_POLL_SLOWS_AFTER_MS;
+    next_poll(now, if slow { AWAIT_POLL_SLOW_MS } else { AWAIT_POLL_MS })
+}
 /// The workflow's own reason is cut to this many characters in a drain reason.
 const DRAIN_REASON_CHARS: usize = 200;
 
@@ -281,9 +299,10 @@ fn await_boot(mut wf: Workflow, seen: &Observation, limits: &Limits) -> Transiti
     if !seen.boot_id.is_empty() && seen.boot_id != wf.boot_id_before {
         return goto(wf, Step::Validate, now);
     }
-    let deadline = wf.issued_ms.unwrap_or(now) + millis(limits.timeouts.reboot_timeout);
+    let issued = wf.issued_ms.unwrap_or(now);
+    let deadline = issued + millis(limits.timeouts.reboot_timeout);
     if now < deadline {
-        let until_ms = deadline.min(now + AWAIT_POLL_MS);
+        let until_ms = deadline.min(next_await_poll(now, issued));
         return Transition::stay(wf, Effect::WaitUntil { until_ms });
     }
     if wf.attempt < limits.timeouts.reboot_attempts {
@@ -313,9 +332,10 @@ fn await_replacement(
         let reason = format!("{DRAIN_REASON_PREFIX}validating as the replacement of {}", wf.node);
         return Transition::stay(wf, Effect::DrainReplacement { node: new_node, reason });
     }
-    let deadline = wf.issued_ms.unwrap_or(now) + millis(limits.timeouts.replace_timeout);
+    let issued = wf.issued_ms.unwrap_or(now);
+    let deadline = issued + millis(limits.timeouts.replace_timeout);
     if now < deadline {
-        let until_ms = deadline.min(now + AWAIT_POLL_MS);
+        let until_ms = deadline.min(next_await_poll(now, issued));
         return Transition::stay(wf, Effect::WaitUntil { until_ms });
     }
     quarantine(wf, &format!("the replacement {new_node} never reported"), now)
@@ -388,7 +408,7 @@ fn settle(mut wf: Workflow, seen: &Observation, limits: &Limits) -> Transition {
         return Transition::stay(wf, Effect::WaitUntil { until_ms: settle_until });
     }
     if seen.breaker_open {
-        let until_ms = now + BREAKER_POLL_MS;
+        let until_ms = next_poll(now, BREAKER_POLL_MS);
         if wf.last_error.as_deref() == Some(BREAKER_OPEN) {
             return Transition::stay(wf, Effect::WaitUntil { until_ms });
         }
@@ -459,7 +479,7 @@ fn validate(
     }
     let deadline = wf.step_since_ms + millis(limits.timeouts.validate_timeout);
     if now < deadline {
-        let until_ms = deadline.min(now + VALIDATE_POLL_MS);
+        let until_ms = deadline.min(next_poll(now, VALIDATE_POLL_MS));
         return Transition::stay(wf, Effect::WaitUntil { until_ms });
     }
     escalate(wf, "the deep check did not answer in time", now)

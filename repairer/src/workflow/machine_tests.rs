@@ -435,11 +435,19 @@ fn a_replacement_is_awaited_drained_and_validated() {
     };
     check(vec![
         Row {
-            name: "not reported yet",
-            workflow: awaiting.clone(),
+            name: "not reported yet: looks again within the second",
+            workflow: Workflow { issued_ms: Some(NOW - 5_000), ..awaiting.clone() },
             seen: seen(),
             step: Step::AwaitReplacement,
             effect: Effect::WaitUntil { until_ms: NOW + 1_000 },
+            state: NodeState::Repairing,
+        },
+        Row {
+            name: "not reported a minute on: looks every 10 s (its first report wakes it)",
+            workflow: awaiting.clone(),
+            seen: seen(),
+            step: Step::AwaitReplacement,
+            effect: Effect::WaitUntil { until_ms: NOW + 10_000 },
             state: NodeState::Repairing,
         },
         Row {
