@@ -185,6 +185,8 @@ struct Counts {
     unhealthy_since: BTreeMap<u64, u32>,
     /// The nodes whose decision can change with time alone (`NodeRecord::timed`).
     timed: BTreeSet<String>,
+    /// The nodes not healthy, and their states (few, in a fleet that works).
+    not_healthy: BTreeMap<String, NodeState>,
     /// Moves on whenever a node joins or changes state (the job queue's tick skips its pass over
     /// the fleet while this stands still).
     generation: u64,
@@ -194,6 +196,9 @@ impl Counts {
     fn add(&mut self, name: &str, share: Share) {
         if share.timed {
             self.timed.insert(name.to_owned());
+        }
+        if share.state != NodeState::Healthy {
+            self.not_healthy.insert(name.to_owned(), share.state);
         }
         *self.by_state.entry(share.state).or_default() += 1;
         self.members += u32::from(share.member);
@@ -207,6 +212,9 @@ impl Counts {
     fn remove(&mut self, name: &str, share: Share) {
         if share.timed {
             self.timed.remove(name);
+        }
+        if share.state != NodeState::Healthy {
+            self.not_healthy.remove(name);
         }
         if let Some(count) = self.by_state.get_mut(&share.state) {
             *count = count.saturating_sub(1);
@@ -321,6 +329,10 @@ impl crate::ports::FleetView for Nodes {
 
     fn healthy(&self) -> u64 {
         self.lock().inner.counts.by_state.get(&NodeState::Healthy).copied().unwrap_or(0)
+    }
+
+    fn not_healthy(&self) -> BTreeMap<String, NodeState> {
+        self.lock().inner.counts.not_healthy.clone()
     }
 }
 

@@ -75,6 +75,8 @@ pub trait FleetView: Send + Sync {
     /// How many nodes are healthy: no job needing more can be placed (read without a pass over
     /// the fleet).
     fn healthy(&self) -> u64;
+    /// The nodes that are not healthy, and their states (read without a pass over the fleet).
+    fn not_healthy(&self) -> std::collections::BTreeMap<String, NodeState>;
 }
 
 /// The heartbeats between reports, where the reports themselves are not sent. An agent reports

@@ -243,6 +243,10 @@ impl RankRecord {
     /// Why it failed, if it ended any other way than exit 0.
     pub fn failure(&self) -> Option<String> {
         let status = self.status.as_ref()?;
+        // Asked of every rank on every tick: the words are built only for a failure.
+        if status.state == RankState::Running || status.succeeded() {
+            return None;
+        }
         let at = format!("rank {} on {}", self.rank, self.node);
         match status.state {
             RankState::Running => None,

@@ -41,6 +41,7 @@ impl JobQueue {
             && progress.attempt == job.attempt
             && (progress.rank as usize) < job.ranks.len();
         // Posts of an old attempt (a rank that outlived its stop) change nothing.
+        let mut ended = false;
         if current {
             self.account(job, progress, now);
             job.ranks[progress.rank as usize].progress = Some(progress.clone());
@@ -49,6 +50,7 @@ impl JobQueue {
             }
             if job.state == JobState::Stopping {
                 self.advance_stop(job, now);
+                ended = !job.state.is_active();
             }
         }
         let checkpoint_every = match job.spec.checkpoint_every {
@@ -68,7 +70,10 @@ impl JobQueue {
             let id = job.id.clone();
             state.dirty.insert(id);
         }
-        reindex(&mut state);
+        // Only a job that ended gives its nodes back (the index is every active job's ranks).
+        if ended {
+            reindex(&mut state);
+        }
         Ok(ProgressReply { checkpoint_every })
     }
 

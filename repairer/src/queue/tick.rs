@@ -49,7 +49,7 @@ impl JobQueue {
         // for 54 simulated days of a 2,048-node job).
         let generation = self.fleet.generation();
         let healthy = self.fleet.healthy();
-        let (fleet_changed, waiting) = {
+        let (fleet_changed, smallest) = {
             let mut state = self.lock();
             let fleet_changed = state.fleet_generation != Some(generation);
             // A queued job for which there was no room waits for the fleet to change.
@@ -73,38 +73,67 @@ impl JobQueue {
             state.fleet_generation = Some(generation);
             state.moved.clear();
             // Only a queued job can be placed (one still stopping cannot start yet, and holds
-            // the jobs behind it), and only on healthy nodes: while fewer are healthy than the
-            // smallest queued job needs, placement is not tried (a 2,000-node job waiting two
-            // days for a replacement would otherwise read the whole fleet every 30 s).
+            // the jobs behind it).
             let smallest = state
                 .jobs
                 .values()
                 .filter(|j| j.state == JobState::Queued)
                 .map(|j| u64::from(j.spec.nodes))
-                .min();
-            let waiting = retry && smallest.is_some_and(|nodes| nodes <= healthy);
-            if retry && !waiting {
-                let QueueState { jobs, dirty, .. } = &mut *state;
-                for job in jobs.values_mut().filter(|j| j.state == JobState::Queued) {
-                    let why =
-                        format!("waits for {} eligible node(s): {healthy} healthy", job.spec.nodes);
-                    if job.reason != why {
-                        job.reason = why;
-                        dirty.insert(job.id.clone());
-                    }
-                }
-            }
-            (fleet_changed, waiting)
+                .min()
+                .filter(|_| retry);
+            (fleet_changed, smallest)
         };
-        // The engine's lock is taken before the queue's, never inside it.
-        let health: BTreeMap<String, (NodeState, u64)> = if fleet_changed || waiting {
+        // The engine's lock is taken before the queue's, never inside it. A running job's rank
+        // is lost only on a node that is not healthy: those few are read, not the whole fleet.
+        let not_healthy = if fleet_changed || smallest.is_some() {
+            self.fleet.not_healthy()
+        } else {
+            BTreeMap::new()
+        };
+        // Placement reads the whole fleet, so it is tried only when there may be room: at most
+        // the healthy nodes that no starting or running job holds are free (a job of 2,000 nodes
+        // waiting two days for a replacement would otherwise read 100,000 nodes at every change).
+        let free_at_most = |state: &QueueState| {
+            if state.jobs.values().any(|j| j.state == JobState::Stopping) {
+                // A stopping job frees its nodes rank by rank: no bound without reading them.
+                return u64::MAX;
+            }
+            let held_not_healthy =
+                not_healthy.keys().filter(|n| state.assigned.contains_key(*n)).count();
+            let held_healthy = state.assigned.len().saturating_sub(held_not_healthy) as u64;
+            healthy.saturating_sub(held_healthy)
+        };
+        let waiting = match smallest {
+            Some(nodes) => {
+                let mut state = self.lock();
+                let free = free_at_most(&state);
+                let room = nodes <= free;
+                if !room {
+                    let QueueState { jobs, dirty, .. } = &mut *state;
+                    for job in jobs.values_mut().filter(|j| j.state == JobState::Queued) {
+                        let why = format!(
+                            "waits for {} eligible node(s): at most {free} healthy and free",
+                            job.spec.nodes
+                        );
+                        if job.reason != why {
+                            job.reason = why;
+                            dirty.insert(job.id.clone());
+                        }
+                    }
+                    state.placement_blocked = Some((generation, now));
+                }
+                room
+            }
+            None => false,
+        };
+        let health: BTreeMap<String, (NodeState, u64)> = if waiting {
             self.fleet
                 .node_health()
                 .into_iter()
                 .map(|n| (n.name, (n.state, n.last_report_ms)))
                 .collect()
         } else {
-            BTreeMap::new()
+            not_healthy.into_iter().map(|(name, state)| (name, (state, 0))).collect()
         };
         let mut state = self.lock();
         let drained = state.drained.clone();
