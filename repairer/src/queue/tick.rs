@@ -90,42 +90,9 @@ impl JobQueue {
         } else {
             BTreeMap::new()
         };
-        // Placement reads the whole fleet, so it is tried only when there may be room: at most
-        // the healthy nodes that no starting or running job holds are free (a job of 2,000 nodes
-        // waiting two days for a replacement would otherwise read 100,000 nodes at every change).
-        let free_at_most = |state: &QueueState| {
-            if state.jobs.values().any(|j| j.state == JobState::Stopping) {
-                // A stopping job frees its nodes rank by rank: no bound without reading them.
-                return u64::MAX;
-            }
-            let held_not_healthy =
-                not_healthy.keys().filter(|n| state.assigned.contains_key(*n)).count();
-            let held_healthy = state.assigned.len().saturating_sub(held_not_healthy) as u64;
-            healthy.saturating_sub(held_healthy)
-        };
-        let waiting = match smallest {
-            Some(nodes) => {
-                let mut state = self.lock();
-                let free = free_at_most(&state);
-                let room = nodes <= free;
-                if !room {
-                    let QueueState { jobs, dirty, .. } = &mut *state;
-                    for job in jobs.values_mut().filter(|j| j.state == JobState::Queued) {
-                        let why = format!(
-                            "waits for {} eligible node(s): at most {free} healthy and free",
-                            job.spec.nodes
-                        );
-                        if job.reason != why {
-                            job.reason = why;
-                            dirty.insert(job.id.clone());
-                        }
-                    }
-                    state.placement_blocked = Some((generation, now));
-                }
-                room
-            }
-            None => false,
-        };
+        let waiting = smallest.is_some_and(|nodes| {
+            self.room_to_place(nodes, healthy, &not_healthy, (generation, now))
+        });
         let health: BTreeMap<String, (NodeState, u64)> = if waiting {
             self.fleet
                 .node_health()
@@ -174,6 +141,45 @@ impl JobQueue {
         self.save_dirty(&mut state, now);
         let grace = self.config.stop_grace.as_millis() as u64 * 4;
         state.stale_kills.retain(|_, sent| now.saturating_sub(*sent) < grace);
+    }
+
+    /// Whether a queued job of `nodes` nodes may fit. Placement reads the whole fleet, so it is
+    /// tried only when there may be room: at most the healthy nodes that no starting or running
+    /// job holds are free (a job of 2,000 nodes waiting two days for a replacement would
+    /// otherwise read 100,000 nodes at every change). Without room the queued jobs say why and
+    /// wait for the fleet to change.
+    fn room_to_place(
+        &self,
+        nodes: u64,
+        healthy: u64,
+        not_healthy: &BTreeMap<String, NodeState>,
+        (generation, now): (u64, u64),
+    ) -> bool {
+        let mut state = self.lock();
+        // A stopping job frees its nodes rank by rank: no bound without reading them.
+        if state.jobs.values().any(|j| j.state == JobState::Stopping) {
+            return true;
+        }
+        let held_not_healthy =
+            not_healthy.keys().filter(|n| state.assigned.contains_key(*n)).count();
+        let held_healthy = state.assigned.len().saturating_sub(held_not_healthy) as u64;
+        let free = healthy.saturating_sub(held_healthy);
+        if nodes <= free {
+            return true;
+        }
+        let QueueState { jobs, dirty, .. } = &mut *state;
+        for job in jobs.values_mut().filter(|j| j.state == JobState::Queued) {
+            let why = format!(
+                "waits for {} eligible node(s): at most {free} healthy and free",
+                job.spec.nodes
+            );
+            if job.reason != why {
+                job.reason = why;
+                dirty.insert(job.id.clone());
+            }
+        }
+        state.placement_blocked = Some((generation, now));
+        false
     }
 
     /// Saves the jobs whose progress figures or ranks changed since they were last saved, each at
