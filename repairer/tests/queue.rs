@@ -279,7 +279,7 @@ async fn two_jobs_by_priority_on_four_nodes_run_one_after_the_other_with_the_pro
     assert_eq!(running.job.nodes, ["n1", "n2", "n3"]);
     let waiting = c.job(&low).await;
     assert_eq!(waiting.job.state, JobState::Queued);
-    assert_eq!(waiting.job.reason, "waits for 3 eligible node(s): at most 1 healthy and free");
+    assert_eq!(waiting.job.reason, "waits for 3 eligible node(s): 1 free");
 
     // Every rank got the checkpoint protocol's environment, readable by the runtime.
     let runs = runs_of(&agents, &high, 0);

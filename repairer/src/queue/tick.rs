@@ -169,10 +169,9 @@ impl JobQueue {
         }
         let QueueState { jobs, dirty, .. } = &mut *state;
         for job in jobs.values_mut().filter(|j| j.state == JobState::Queued) {
-            let why = format!(
-                "waits for {} eligible node(s): at most {free} healthy and free",
-                job.spec.nodes
-            );
+            // Placement's own words: `free` counts the healthy nodes no job holds, which is
+            // what placement finds unless some of them are drained or silent.
+            let why = format!("waits for {} eligible node(s): {free} free", job.spec.nodes);
             if job.reason != why {
                 job.reason = why;
                 dirty.insert(job.id.clone());
