@@ -76,16 +76,23 @@ pub async fn timeout<T>(
 #[error("no answer within {0:?}")]
 pub struct Elapsed(pub Duration);
 
+/// The first whole multiple of `period_ms` after `now_ms`. Periodic work of one period that
+/// waits for it (ticks, workflow polls) falls on the same instants: one wake-up for all of it,
+/// not one per task at its own phase.
+pub fn next_multiple(now_ms: u64, period_ms: u64) -> u64 {
+    let period_ms = period_ms.max(1);
+    (now_ms / period_ms + 1) * period_ms
+}
+
 /// Calls `tick` with the clock's time at every whole multiple of `period` (the first at the
 /// next one), for as long as it returns true. Loops of one period tick together (the engine's and
 /// the queue's: one wake-up a second, not two), and a tick that takes longer than the period
 /// skips the multiples it missed rather than bunching them up.
 pub async fn every(clock: SharedClock, period: Duration, mut tick: impl FnMut(u64) -> bool) {
-    let period_ms = (period.as_millis() as u64).max(1);
+    let period_ms = period.as_millis() as u64;
     loop {
         let now = clock.now_ms();
-        let next = (now / period_ms + 1) * period_ms;
-        clock.sleep(Duration::from_millis(next - now)).await;
+        clock.sleep(Duration::from_millis(next_multiple(now, period_ms) - now)).await;
         if !tick(clock.now_ms()) {
             return;
         }

@@ -244,20 +244,17 @@ impl RankRecord {
     pub fn failure(&self) -> Option<String> {
         let status = self.status.as_ref()?;
         // Asked of every rank on every tick: the words are built only for a failure.
-        if status.state == RankState::Running || status.succeeded() {
-            return None;
-        }
-        let at = format!("rank {} on {}", self.rank, self.node);
+        let at = || format!("rank {} on {}", self.rank, self.node);
         match status.state {
             RankState::Running => None,
             RankState::FailedToStart => {
-                Some(format!("{at} failed to start: {}", status.message).trim_end().to_owned())
+                Some(format!("{} failed to start: {}", at(), status.message).trim_end().to_owned())
             }
             RankState::Exited => match (status.exit_code, status.signal) {
                 (Some(0), _) => None,
-                (_, Some(signal)) => Some(format!("{at} was killed by signal {signal}")),
-                (Some(code), None) => Some(format!("{at} exited with status {code}")),
-                (None, None) => Some(format!("{at} ended: {}", status.message)),
+                (_, Some(signal)) => Some(format!("{} was killed by signal {signal}", at())),
+                (Some(code), None) => Some(format!("{} exited with status {code}", at())),
+                (None, None) => Some(format!("{} ended: {}", at(), status.message)),
             },
         }
     }

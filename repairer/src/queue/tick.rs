@@ -100,7 +100,7 @@ impl JobQueue {
                 .map(|n| (n.name, (n.state, n.last_report_ms)))
                 .collect()
         } else {
-            not_healthy.into_iter().map(|(name, state)| (name, (state, 0))).collect()
+            BTreeMap::new()
         };
         let mut state = self.lock();
         let drained = state.drained.clone();
@@ -108,9 +108,9 @@ impl JobQueue {
             if let Some(drain) = drained.get(node) {
                 return Some(format!("its node was drained ({})", drain.reason));
             }
-            match health.get(node) {
-                Some((NodeState::Healthy | NodeState::Suspect, _)) | None => None,
-                Some((state, _)) => Some(format!("its node is {state}")),
+            match not_healthy.get(node) {
+                Some(NodeState::Suspect) | None => None,
+                Some(state) => Some(format!("its node is {state}")),
             }
         };
         // Nodes turn unusable only with a change of state (a drain stops its jobs at once).

@@ -9,36 +9,31 @@
 use std::time::Duration;
 
 use super::{Outcome, Step, Workflow, WorkflowKind, WorkflowTimeouts};
+use crate::clock::next_multiple;
 use crate::model::{NodeState, RuleAction};
 use crate::scheduler::{DRAIN_REASON_PREFIX, UndrainOutcome};
 
 /// Longest a step that waits for a report (a new boot, a replacement's first report) sleeps
-/// before it looks again, in the first `AWAIT_POLL_SLOWS_AFTER_MS` of its wait and after: such a
-/// report wakes it at once, the poll only catches a wake-up missed while it was busy. A
-/// replacement may take days; one wake-up a second for each would be most of the repairer's work
-/// in a simulated fleet.
+/// before it looks again: such a report wakes it at once, the poll only catches a wake-up missed
+/// while it was busy.
 const AWAIT_POLL_MS: u64 = 1000;
+/// The same after `AWAIT_POLL_SLOWS_AFTER_MS` of waiting: a replacement may take days, and one
+/// wake-up a second for each would be most of the repairer's work in a simulated fleet.
 const AWAIT_POLL_SLOW_MS: u64 = 10_000;
 const AWAIT_POLL_SLOWS_AFTER_MS: u64 = 60_000;
 /// Longest the validate step sleeps before it looks for the deep check's result again.
 const VALIDATE_POLL_MS: u64 = 500;
 /// How often a workflow held by the open breaker looks again.
 const BREAKER_POLL_MS: u64 = 1000;
-
-/// The next whole multiple of `period_ms` after `now`: polls of every workflow (and the engine's
-/// and the queue's ticks) fall on the same instants, one wake-up a second for all of them rather
-/// than one per workflow at its own phase.
-fn next_poll(now: u64, period_ms: u64) -> u64 {
-    (now / period_ms + 1) * period_ms
-}
-
-/// When a step that has waited for a report since `since_ms` looks again.
-fn next_await_poll(now: u64, since_ms: u64) -> u64 {
-    let slow = now.saturating_sub(since_ms) >= AWAIT_POLL_SLOWS_AFTER_MS;
-    next_poll(now, if slow { AWAIT_POLL_SLOW_MS } else { AWAIT_POLL_MS })
-}
 /// The workflow's own reason is cut to this many characters in a drain reason.
 const DRAIN_REASON_CHARS: usize = 200;
+
+/// When a step that has waited for a report since `since_ms` looks again (on whole seconds, with
+/// every other workflow's poll and the ticks).
+fn next_await_poll(now: u64, since_ms: u64) -> u64 {
+    let slow = now.saturating_sub(since_ms) >= AWAIT_POLL_SLOWS_AFTER_MS;
+    next_multiple(now, if slow { AWAIT_POLL_SLOW_MS } else { AWAIT_POLL_MS })
+}
 
 /// The limits the machine works under.
 #[derive(Debug, Clone, PartialEq)]
@@ -408,7 +403,7 @@ fn settle(mut wf: Workflow, seen: &Observation, limits: &Limits) -> Transition {
         return Transition::stay(wf, Effect::WaitUntil { until_ms: settle_until });
     }
     if seen.breaker_open {
-        let until_ms = next_poll(now, BREAKER_POLL_MS);
+        let until_ms = next_multiple(now, BREAKER_POLL_MS);
         if wf.last_error.as_deref() == Some(BREAKER_OPEN) {
             return Transition::stay(wf, Effect::WaitUntil { until_ms });
         }
@@ -479,7 +474,7 @@ fn validate(
     }
     let deadline = wf.step_since_ms + millis(limits.timeouts.validate_timeout);
     if now < deadline {
-        let until_ms = deadline.min(next_poll(now, VALIDATE_POLL_MS));
+        let until_ms = deadline.min(next_multiple(now, VALIDATE_POLL_MS));
         return Transition::stay(wf, Effect::WaitUntil { until_ms });
     }
     escalate(wf, "the deep check did not answer in time", now)
