@@ -714,7 +714,10 @@ impl World {
         {
             job.stop_reached(now, requested.unwrap_or(now));
         }
-        if signal.signal == RankSignal::Usr1 && key.rank == 0 && alive && on_signal {
+        // The ranks agree on the checkpoint at their next step (the protocol's flag, reduced
+        // over the job): the first rank to get SIGUSR1 starts it, whichever node it is on.
+        let writing_at_signal = matches!(job.phase, Phase::Writing { signal: true, .. });
+        if signal.signal == RankSignal::Usr1 && alive && on_signal && !writing_at_signal {
             let training = matches!(job.phase, Phase::Training | Phase::Writing { .. });
             job.phase = if training {
                 Phase::Writing { until_ms: now + write, signal: true }

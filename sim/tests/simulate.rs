@@ -142,3 +142,30 @@ fn a_correlated_failure_of_30_percent_opens_the_breaker_and_nothing_is_rebooted(
     assert_eq!(report.repairs.reboots, 0, "the provider rebooted:\n{}", report.summary());
     assert_eq!(report.repairs.breaker_openings, 1);
 }
+
+/// A fault that leaves the job running (a scratch SSD gone read-only) is drained with the
+/// protocol's signal first: the job writes a checkpoint at SIGUSR1 and loses no training to a
+/// rollback.
+#[test]
+fn a_drained_node_that_is_still_alive_costs_a_checkpoint_at_the_signal_not_a_rollback() {
+    let mut document: toml::Table = toml::from_str(
+        r#"
+        [[event]]
+        at = "5h"
+        nodes = 1
+        category = "ssd"
+        "#,
+    )
+    .unwrap();
+    for (key, value) in
+        [("fleet.nodes", "64"), ("fleet.duration", "1day"), ("failures.rate_per_node_day", "0.0")]
+    {
+        fleetmend_sim::config::set_path(&mut document, key, value).unwrap();
+    }
+    let config = SimConfig::from_table(document, &[], "one SSD").unwrap();
+    let report = simulate(&config, None).unwrap();
+    let job = &report.jobs[0];
+    assert_eq!(job.interruptions, 1, "{}", report.summary());
+    assert_eq!(job.checkpointed_at_signal, 1, "{}", report.summary());
+    assert!(job.lost_hours.rollback < 0.01, "{}", report.summary());
+}

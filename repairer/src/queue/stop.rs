@@ -71,7 +71,13 @@ impl JobQueue {
                         StopPhase::Term,
                         format!("checkpoint step {} written", newest.unwrap_or(0)),
                     ))
-                } else if elapsed >= self.config.checkpoint_grace.as_millis() as u64 {
+                } else if elapsed
+                    >= checkpoint_grace_ms(
+                        self.config.checkpoint_grace,
+                        job.measured.checkpoint_write_seconds,
+                        job.ranks.iter().all(RankRecord::live),
+                    )
+                {
                     Some((StopPhase::Term, "no new checkpoint within checkpoint_grace".to_owned()))
                 } else {
                     None
@@ -216,4 +222,36 @@ pub(super) fn signal_command(key: &RankKey, signal: RankSignal) -> NodeCommand {
         command_kind::SIGNAL_RANK,
         &SignalRank { key: key.clone(), signal },
     )
+}
+
+/// How long a stopping job has to write its checkpoint after SIGUSR1: `checkpoint_grace`, or,
+/// while every rank still runs (`whole`: a drain, not a crash), twice the job's own measured
+/// checkpoint write when that is longer — a 405B model's 60 s write must not be cut short by a
+/// 30 s grace and cost a rollback instead. A job that already lost a rank cannot finish a
+/// collective checkpoint: waiting longer for one would only add to its downtime.
+fn checkpoint_grace_ms(
+    configured: std::time::Duration,
+    measured_write_s: Option<f64>,
+    whole: bool,
+) -> u64 {
+    let configured = configured.as_millis() as u64;
+    let measured = measured_write_s.filter(|s| whole && s.is_finite() && *s > 0.0);
+    measured.map_or(configured, |s| configured.max((2.0 * s * 1000.0).ceil() as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::checkpoint_grace_ms;
+
+    #[test]
+    fn a_whole_job_slower_to_checkpoint_than_the_grace_gets_twice_its_measured_write() {
+        let grace = Duration::from_secs(30);
+        assert_eq!(checkpoint_grace_ms(grace, None, true), 30_000, "nothing measured: the grace");
+        assert_eq!(checkpoint_grace_ms(grace, Some(5.0), true), 30_000, "a fast write: the grace");
+        assert_eq!(checkpoint_grace_ms(grace, Some(60.0), true), 120_000);
+        assert_eq!(checkpoint_grace_ms(grace, Some(60.0), false), 30_000, "a rank is lost");
+        assert_eq!(checkpoint_grace_ms(grace, Some(f64::NAN), true), 30_000, "nonsense ignored");
+    }
 }
