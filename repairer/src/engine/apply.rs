@@ -14,6 +14,7 @@ use crate::workflow::{self, Workflow};
 fn view(node: &NodeRecord) -> NodeView<'_> {
     NodeView {
         state: node.state,
+        state_since_ms: node.state_since_ms,
         findings: &node.findings,
         history: &node.history,
         cooldown_until_ms: node.cooldown_until_ms,
@@ -223,16 +224,19 @@ impl Engine {
             .map(|t| t.first_seen_ms)
             .min()
             .unwrap_or(now);
-        let workflow = Workflow::repair(
-            name,
-            verdict.action,
-            &verdict.rule,
-            &verdict.reason,
-            verdict.findings.clone(),
-            fault_since,
-            &node.boot_id,
-            now,
-        );
+        let workflow = Workflow {
+            stop_at: verdict.stop_at,
+            ..Workflow::repair(
+                name,
+                verdict.action,
+                &verdict.rule,
+                &verdict.reason,
+                verdict.findings.clone(),
+                fault_since,
+                &node.boot_id,
+                now,
+            )
+        };
         self.events.record(&Event {
             action: Some(verdict.action),
             findings: verdict.findings.clone(),

@@ -70,6 +70,8 @@ impl Engine {
             rule: format!("person:{who}"),
             reason: format!("{who} asked for {action}"),
             findings: node.findings.iter().map(|t| t.finding.clone()).collect(),
+            drain_window: None,
+            stop_at: None,
         };
         let workflow = self.begin_workflow(&mut nodes, name, &verdict, Actor::person(who), now)?;
         nodes.update(name, |node, _| {

@@ -1,5 +1,7 @@
-//! Escalation: when a repair did not help, a stronger one; when a node keeps needing repairs, a
-//! person.
+//! The remediation ladder: drain → reboot → replace → a person. A drained node whose finding is
+//! still there after its rule's drain window is rebooted; a fault back soon after a reboot wants a
+//! replacement; a node that keeps needing repairs, or a rule that stops the ladder at a rung, goes
+//! to a person (quarantined, with a critical alert).
 
 use std::time::Duration;
 
@@ -12,23 +14,52 @@ use crate::model::RuleAction;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Escalation {
+    /// A drained node whose finding is still there this long after the drain is rebooted (a
+    /// rule's own `drain_window` comes first).
+    #[serde(with = "humantime_serde")]
+    pub drain_window: Duration,
     /// A fault that comes back within this long after a reboot escalates to replace.
     #[serde(with = "humantime_serde")]
     pub reboot_window: Duration,
-    /// This many repairs within `lemon_window` make the node a lemon: quarantined for a person.
-    pub lemon_repairs: u32,
-    #[serde(with = "humantime_serde")]
-    pub lemon_window: Duration,
+    /// This many repairs within `remediation_window` make the node a lemon: quarantined for a
+    /// person, so that no node loops through repairs.
+    #[serde(alias = "lemon_repairs")]
+    pub max_remediation_attempts: u32,
+    #[serde(alias = "lemon_window", with = "humantime_serde")]
+    pub remediation_window: Duration,
 }
 
 impl Default for Escalation {
     fn default() -> Self {
         Escalation {
+            drain_window: Duration::from_secs(5 * 60),
             reboot_window: Duration::from_secs(3600),
-            lemon_repairs: 3,
-            lemon_window: Duration::from_secs(7 * 24 * 3600),
+            max_remediation_attempts: 3,
+            remediation_window: Duration::from_secs(7 * 24 * 3600),
         }
     }
+}
+
+/// A drained node still failing: once the drain window (the rule's, else `drain_window`) has
+/// passed since it was drained, the drain verdict becomes a reboot and true is returned; before
+/// that, false (nothing to do yet).
+pub(super) fn after_drain(
+    verdict: &mut Verdict,
+    drained_since_ms: u64,
+    escalation: &Escalation,
+    now_ms: u64,
+) -> bool {
+    let window = verdict.drain_window.unwrap_or(escalation.drain_window);
+    if now_ms.saturating_sub(drained_since_ms) < window.as_millis() as u64 {
+        return false;
+    }
+    verdict.action = RuleAction::Reboot;
+    verdict.reason = format!(
+        "{}; still there {} after the drain, escalating to reboot",
+        verdict.reason,
+        humantime::format_duration(window)
+    );
+    true
 }
 
 /// A reboot wanted again within `reboot_window` of the last repair, itself a reboot, becomes a
@@ -50,8 +81,8 @@ pub(super) fn after_reboot(
     }
 }
 
-/// Whether a repair verdict finds the node a lemon (`lemon_repairs` repairs within
-/// `lemon_window`); if so the verdict's reason says so.
+/// Whether a repair verdict finds the node a lemon (`max_remediation_attempts` repairs within
+/// `remediation_window`); if so the verdict's reason says so.
 pub(super) fn is_lemon(
     verdict: &mut Verdict,
     history: &[RepairRecord],
@@ -61,18 +92,18 @@ pub(super) fn is_lemon(
     if !verdict.action.is_repair() {
         return false;
     }
-    let window = escalation.lemon_window.as_millis() as u64;
+    let window = escalation.remediation_window.as_millis() as u64;
     let recent = history
         .iter()
         .filter(|r| r.action.is_repair() && now_ms.saturating_sub(r.finished_ms) <= window)
         .count() as u32;
-    if recent < escalation.lemon_repairs {
+    if recent < escalation.max_remediation_attempts {
         return false;
     }
     verdict.reason = format!(
-        "{}; {recent} repairs within {}: a lemon",
+        "{}; {recent} repairs within {}: a lemon (max_remediation_attempts)",
         verdict.reason,
-        humantime::format_duration(escalation.lemon_window)
+        humantime::format_duration(escalation.remediation_window)
     );
     true
 }

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 pub use self::escalation::Escalation;
 pub use self::guard_rails::{GuardRails, Hold, breaker_trips};
-pub use self::rules::{RuleActionSpec, RuleConfig, builtin_rules};
+pub use self::rules::{RuleActionSpec, RuleConfig, Rung, builtin_rules};
 use crate::model::{NodeState, RuleAction, TrackedFinding};
 
 /// How the repairer acts on its decisions.
@@ -97,6 +97,18 @@ impl Policy {
             if rule.observations == 0 {
                 push(format!("{at}.observations"), "must be at least 1");
             }
+            if let Some(stop) = rule.stop_at
+                && let Some(action) = rule.action.fixed()
+                && action.weight() > stop.action().weight()
+            {
+                push(
+                    format!("{at}.stop_at"),
+                    &format!("is below the rule's own action ({action})"),
+                );
+            }
+            if rule.drain_window.is_some_and(|w| w.is_zero()) {
+                push(format!("{at}.drain_window"), "must be greater than zero");
+            }
         }
         let g = &self.guard_rails;
         if g.max_concurrent_repairs == 0 {
@@ -113,8 +125,8 @@ impl Policy {
         if g.breaker_window.is_zero() {
             push(format!("{section}.guard_rails.breaker_window"), "must be greater than zero");
         }
-        if self.escalation.lemon_repairs == 0 {
-            push(format!("{section}.escalation.lemon_repairs"), "must be at least 1");
+        if self.escalation.max_remediation_attempts == 0 {
+            push(format!("{section}.escalation.max_remediation_attempts"), "must be at least 1");
         }
         problems
     }
@@ -132,6 +144,8 @@ pub struct RepairRecord {
 #[derive(Debug, Clone, Copy)]
 pub struct NodeView<'a> {
     pub state: NodeState,
+    /// Since when it is in `state` (unix ms): a drained node's drain window counts from here.
+    pub state_since_ms: u64,
     /// Every non-ok finding tracked on the node.
     pub findings: &'a [TrackedFinding],
     /// Finished repairs, oldest first.
@@ -161,6 +175,10 @@ pub struct Verdict {
     pub rule: String,
     pub reason: String,
     pub findings: Vec<Finding>,
+    /// The rule's own drain window (else the policy's).
+    pub drain_window: Option<std::time::Duration>,
+    /// The rung the rule stops the ladder at; past it, a person decides.
+    pub stop_at: Option<Rung>,
 }
 
 /// What to do about one node now.
@@ -213,13 +231,34 @@ pub fn decide(node: NodeView<'_>, fleet: FleetView, policy: &Policy, now_ms: u64
             return transition.or(other.map(Decision::Alert)).unwrap_or(Decision::Nothing);
         }
     };
-    if node.state == NodeState::Drained && verdict.action == RuleAction::Drain {
+    // The ladder. A rule that stops at a rung starts no higher than it.
+    if let Some(stop) = verdict.stop_at
+        && verdict.action.weight() > stop.action().weight()
+    {
+        verdict.action = stop.action();
+    }
+    // Drained and still failing: a reboot once the drain window has passed.
+    if node.state == NodeState::Drained
+        && verdict.action == RuleAction::Drain
+        && !escalation::after_drain(&mut verdict, node.state_since_ms, &policy.escalation, now_ms)
+    {
         return Decision::Nothing;
     }
-
-    // Escalation: a fault back soon after a reboot wants a replacement; too many repairs, a person.
+    // A fault back soon after a reboot wants a replacement; too many repairs, a person.
     escalation::after_reboot(&mut verdict, node.history, &policy.escalation, now_ms);
     if escalation::is_lemon(&mut verdict, node.history, &policy.escalation, now_ms) {
+        return Decision::Quarantine(verdict);
+    }
+    // Past the rung its rule stops at: a person decides.
+    if let Some(stop) = verdict.stop_at
+        && verdict.action.weight() > stop.action().weight()
+    {
+        verdict.reason = format!(
+            "{}; rule {} stops the ladder at {}: a person decides",
+            verdict.reason,
+            verdict.rule,
+            stop.action()
+        );
         return Decision::Quarantine(verdict);
     }
 

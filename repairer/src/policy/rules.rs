@@ -25,7 +25,41 @@ pub enum RuleActionSpec {
     Recommended,
 }
 
+/// A rung of the remediation ladder a rule can stop at (`stop_at`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Rung {
+    /// Drain only: a person decides the rest.
+    Drain,
+    /// Drain, then reboot; no replacement without a person.
+    Reboot,
+    /// The whole ladder (the default).
+    Replace,
+}
+
+impl Rung {
+    pub fn action(self) -> RuleAction {
+        match self {
+            Rung::Drain => RuleAction::Drain,
+            Rung::Reboot => RuleAction::Reboot,
+            Rung::Replace => RuleAction::Replace,
+        }
+    }
+}
+
 impl RuleActionSpec {
+    /// The action, when it does not depend on the finding.
+    pub(super) fn fixed(self) -> Option<RuleAction> {
+        match self {
+            RuleActionSpec::None => Some(RuleAction::None),
+            RuleActionSpec::Alert => Some(RuleAction::Alert),
+            RuleActionSpec::Drain => Some(RuleAction::Drain),
+            RuleActionSpec::Reboot => Some(RuleAction::Reboot),
+            RuleActionSpec::Replace => Some(RuleAction::Replace),
+            RuleActionSpec::Recommended => None,
+        }
+    }
+
     fn resolve(self, finding: &Finding) -> RuleAction {
         match self {
             RuleActionSpec::None => RuleAction::None,
@@ -74,6 +108,14 @@ pub struct RuleConfig {
     /// Debounce: how long the finding must have been present before acting (default 0s).
     #[serde(default, rename = "for", with = "humantime_serde")]
     pub for_duration: Duration,
+    /// The ladder: a node this rule drained, still failing this long after the drain, is
+    /// rebooted (default `[policy.escalation] drain_window`).
+    #[serde(default, with = "humantime_serde")]
+    pub drain_window: Option<Duration>,
+    /// The rung the ladder stops at for this rule (`drain`, `reboot`, `replace`; default the
+    /// whole ladder): going further quarantines the node with a critical alert, a person decides.
+    #[serde(default)]
+    pub stop_at: Option<Rung>,
 }
 
 fn default_statuses() -> Vec<Status> {
@@ -113,6 +155,8 @@ pub(super) fn rule(name: &str, action: RuleActionSpec) -> RuleConfig {
         action,
         observations: 1,
         for_duration: Duration::ZERO,
+        drain_window: None,
+        stop_at: None,
     }
 }
 
@@ -231,6 +275,8 @@ pub(super) fn best_verdict(
                         tracked.observations
                     ),
                     findings: vec![tracked.finding.clone()],
+                    drain_window: rule.drain_window,
+                    stop_at: rule.stop_at,
                 })
             }
         }

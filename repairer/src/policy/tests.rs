@@ -45,7 +45,14 @@ fn fleet() -> FleetView {
 }
 
 fn node<'a>(state: NodeState, findings: &'a [TrackedFinding]) -> NodeView<'a> {
-    NodeView { state, findings, history: &[], cooldown_until_ms: 0, approved: None }
+    NodeView {
+        state,
+        state_since_ms: NOW,
+        findings,
+        history: &[],
+        cooldown_until_ms: 0,
+        approved: None,
+    }
 }
 
 fn action_of(decision: &Decision) -> Option<(RuleAction, &str)> {
@@ -392,4 +399,146 @@ fn policy_problems_name_their_fields() {
     assert!(fields.contains(&"policy.rules[0].observations".to_owned()), "{fields:?}");
     assert!(fields.contains(&"policy.rules[1].name".to_owned()), "{fields:?}");
     assert!(fields.contains(&"policy.guard_rails.breaker_fraction".to_owned()), "{fields:?}");
+}
+
+#[test]
+fn the_ladder_goes_from_drain_to_reboot_after_the_drain_window_and_stops_where_its_rule_says() {
+    let minute = 60_000;
+    let nic = [tracked(finding("nic", "nic_down", Status::Fail, RecommendedAction::Drain), 9, 0)];
+    let bus = [tracked(xid("79"), 1, 0)];
+    let nic_rule = |window: Option<u64>, stop: Option<Rung>| RuleConfig {
+        finding: Some("nic_down".to_owned()),
+        drain_window: window.map(|ms| Duration::from_millis(ms)),
+        stop_at: stop,
+        ..rule("nic", RuleActionSpec::Drain)
+    };
+    let with_rule = |r: RuleConfig| Policy { rules: vec![r], ..Policy::default() };
+    let reboots = |ago: &[u64]| -> Vec<RepairRecord> {
+        ago.iter()
+            .map(|a| RepairRecord {
+                action: RuleAction::Reboot,
+                finished_ms: NOW - a,
+                succeeded: true,
+            })
+            .collect()
+    };
+    let three = reboots(&[3 * 86_400_000, 2 * 86_400_000, 86_400_000]);
+    let just_rebooted = reboots(&[minute]);
+    // (case, state, drained how long ago, findings, policy, history, expected, reason contains)
+    type Row<'a> = (
+        &'a str,
+        NodeState,
+        u64,
+        &'a [TrackedFinding],
+        Policy,
+        &'a [RepairRecord],
+        Option<(&'a str, RuleAction)>,
+        &'a str,
+    );
+    let table: Vec<Row> = vec![
+        (
+            "drained 1 min ago, window 5 min: not yet",
+            NodeState::Drained,
+            minute,
+            &nic,
+            Policy::default(),
+            &[],
+            None,
+            "",
+        ),
+        (
+            "drained 6 min ago: the window passed, reboot",
+            NodeState::Drained,
+            6 * minute,
+            &nic,
+            Policy::default(),
+            &[],
+            Some(("act", RuleAction::Reboot)),
+            "still there 5m after the drain, escalating to reboot",
+        ),
+        (
+            "the rule's own window (30 s) comes first",
+            NodeState::Drained,
+            minute,
+            &nic,
+            with_rule(nic_rule(Some(30_000), None)),
+            &[],
+            Some(("act", RuleAction::Reboot)),
+            "still there 30s after the drain",
+        ),
+        (
+            "a rule that stops at drain: a person decides, quarantined",
+            NodeState::Drained,
+            6 * minute,
+            &nic,
+            with_rule(nic_rule(None, Some(Rung::Drain))),
+            &[],
+            Some(("quarantine", RuleAction::Reboot)),
+            "rule nic stops the ladder at drain: a person decides",
+        ),
+        (
+            "a rule that stops at drain starts there, whatever the finding recommends",
+            NodeState::Healthy,
+            0,
+            &bus,
+            with_rule(RuleConfig {
+                stop_at: Some(Rung::Drain),
+                ..rule("all", RuleActionSpec::Recommended)
+            }),
+            &[],
+            Some(("act", RuleAction::Drain)),
+            "",
+        ),
+        (
+            "a reboot that did not help and a rule that stops at reboot: a person",
+            NodeState::Healthy,
+            0,
+            &bus,
+            with_rule(RuleConfig {
+                stop_at: Some(Rung::Reboot),
+                ..rule("all", RuleActionSpec::Recommended)
+            }),
+            &just_rebooted,
+            Some(("quarantine", RuleAction::Replace)),
+            "rule all stops the ladder at reboot",
+        ),
+        (
+            "attempts exhausted: max_remediation_attempts repairs in the window quarantine",
+            NodeState::Drained,
+            6 * minute,
+            &nic,
+            Policy::default(),
+            &three,
+            Some(("quarantine", RuleAction::Reboot)),
+            "3 repairs within 7days: a lemon (max_remediation_attempts)",
+        ),
+    ];
+    for (case, state, ago, findings, policy, history, expected, words) in table {
+        let view = NodeView { state_since_ms: NOW - ago, history, ..node(state, findings) };
+        let decision = decide(view, fleet(), &policy, NOW);
+        let got = match &decision {
+            Decision::Act(v) => Some(("act", v.action, v.reason.as_str())),
+            Decision::Quarantine(v) => Some(("quarantine", v.action, v.reason.as_str())),
+            Decision::Nothing => None,
+            other => panic!("{case}: {other:?}"),
+        };
+        assert_eq!(got.map(|(k, a, _)| (k, a)), expected, "{case}: {decision:?}");
+        if let Some((_, _, reason)) = got {
+            assert!(reason.contains(words), "{case}: {reason}");
+        }
+    }
+}
+
+#[test]
+fn a_stop_below_the_rules_own_action_is_a_problem() {
+    let policy = Policy {
+        rules: vec![RuleConfig {
+            stop_at: Some(Rung::Drain),
+            drain_window: Some(Duration::ZERO),
+            ..rule("xid", RuleActionSpec::Reboot)
+        }],
+        ..Policy::default()
+    };
+    let fields: Vec<String> = policy.problems("policy").into_iter().map(|(f, _)| f).collect();
+    assert_eq!(fields, ["policy.rules[0].stop_at", "policy.rules[0].drain_window"]);
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use super::{Outcome, Step, Workflow, WorkflowKind, WorkflowTimeouts};
 use crate::clock::next_multiple;
 use crate::model::{NodeState, RuleAction};
+use crate::policy::Rung;
 use crate::scheduler::{DRAIN_REASON_PREFIX, UndrainOutcome};
 
 /// Longest a step that waits for a report (a new boot, a replacement's first report) sleeps
@@ -485,6 +486,10 @@ fn escalate(mut wf: Workflow, why: &str, now: u64) -> Transition {
     let failed = Note::RepairFailed(wf.action);
     if wf.action != RuleAction::Reboot {
         return quarantine(wf, why, now).note(failed);
+    }
+    if wf.stop_at == Some(Rung::Reboot) {
+        let why = format!("{why}; rule {} stops the ladder at reboot: a person decides", wf.rule);
+        return quarantine(wf, &why, now).note(failed);
     }
     wf.action = RuleAction::Replace;
     wf.escalated_from = Some(RuleAction::Reboot);

@@ -568,6 +568,14 @@ fn validation_asks_once_per_process_waits_and_escalates() {
             state: NodeState::Repairing,
         },
         Row {
+            name: "failed, and the rule stops the ladder at reboot: a person",
+            workflow: Workflow { stop_at: Some(Rung::Reboot), ..asked.clone() },
+            seen: failed.clone(),
+            step: Step::Done,
+            effect: Effect::Finish { outcome: Outcome::Quarantined },
+            state: NodeState::Quarantined,
+        },
+        Row {
             name: "a replacement failing it is quarantined",
             workflow: Workflow {
                 validation: Some(deep_check_id(&replace_at(Step::Validate))),

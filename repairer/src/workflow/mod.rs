@@ -23,6 +23,7 @@ use fleetmend_proto::Finding;
 use serde::{Deserialize, Serialize};
 
 use crate::model::RuleAction;
+use crate::policy::Rung;
 
 /// Timeouts of the workflow's steps (`[engine.workflow]`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -156,6 +157,10 @@ pub struct Workflow {
     /// Set when a repair that did not help escalated to this one (a reboot to a replacement).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub escalated_from: Option<RuleAction>,
+    /// The rung its rule stops the ladder at: a reboot that did not help goes to a person
+    /// instead of a replacement when it is `reboot`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_at: Option<Rung>,
 }
 
 impl Workflow {
@@ -194,6 +199,7 @@ impl Workflow {
             last_error: None,
             trace: None,
             escalated_from: None,
+            stop_at: None,
         }
     }
 
