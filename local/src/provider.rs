@@ -4,9 +4,10 @@
 //!   template and its persistent faults (a new boot id; other faults are gone), and the agent
 //!   started again after a simulated boot delay. The call returns once the reboot is under way,
 //!   as a BMC's would; the repairer awaits the new boot id in the node's reports.
-//! - replace: the first spare becomes the node's replacement (its name is returned; it already
-//!   reports, drained in the queue as a standby, so the repairer validates it and puts it to work)
-//!   and the old node is retired: its agent stopped, its tree unmounted.
+//! - replace: the first hot spare the scheduler still holds becomes the node's replacement (its
+//!   name is returned; it already reports, drained as a spare, so the repairer validates it and
+//!   puts it to work) and the old node is retired: its agent stopped, its tree unmounted. With no
+//!   spare left the replacement is impossible: the repairer quarantines the node for a person.
 
 use std::sync::Arc;
 
@@ -19,15 +20,33 @@ use crate::up::supervisor::{AgentState, Supervisor, SupervisorError};
 /// The provider's name in errors and events.
 const NAME: &str = "local";
 
+/// The nodes the scheduler holds as hot spares now (`None`: it cannot say).
+pub type Standby = Arc<dyn Fn() -> Option<Vec<String>> + Send + Sync>;
+
 /// Reboots and replaces the local fleet's simulated nodes through its [`Supervisor`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct LocalProvider {
     supervisor: Arc<Supervisor>,
+    /// Set once the scheduler exists (the provider is made before the repairer that makes it).
+    standby: Arc<std::sync::OnceLock<Standby>>,
+}
+
+impl std::fmt::Debug for LocalProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalProvider").finish_non_exhaustive()
+    }
 }
 
 impl LocalProvider {
     pub fn new(supervisor: Arc<Supervisor>) -> LocalProvider {
-        LocalProvider { supervisor }
+        LocalProvider { supervisor, standby: Arc::new(std::sync::OnceLock::new()) }
+    }
+
+    /// Replacements come from the nodes `standby` names (the scheduler's hot spares), not from
+    /// the spares set aside at start: a spare a waiting job took is at work, and must not be
+    /// taken away from it again. Set once.
+    pub fn set_standby(&self, standby: Standby) {
+        let _already = self.standby.set(standby);
     }
 
     fn failed(operation: &'static str, node: &str, err: &SupervisorError) -> ProviderError {
@@ -64,10 +83,17 @@ impl Provider for LocalProvider {
 
     fn replace<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<String, ProviderError>> {
         Box::pin(async move {
-            let spare = self
-                .supervisor
-                .take_spare(node)
-                .map_err(|err| Self::failed("replace", node, &err))?;
+            let standby = self.standby.get().and_then(|standby| standby());
+            let spare =
+                self.supervisor.take_spare(node, standby.as_deref()).map_err(|err| match err {
+                    SupervisorError::NoSpare { .. } => ProviderError::Impossible {
+                        provider: NAME,
+                        operation: "replace",
+                        node: node.to_owned(),
+                        message: err.to_string(),
+                    },
+                    other => Self::failed("replace", node, &other),
+                })?;
             let supervisor = self.supervisor.clone();
             let old = node.to_owned();
             tokio::spawn(async move {

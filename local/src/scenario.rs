@@ -365,7 +365,7 @@ mod tests {
         let scenario = Scenario::parse(BUILTIN, Path::new("builtin")).unwrap();
         assert_eq!(scenario, Scenario::builtin());
         assert_eq!(scenario.name, "builtin");
-        assert_eq!((scenario.fleet.nodes, scenario.fleet.spares), (Some(4), Some(1)));
+        assert_eq!((scenario.fleet.nodes, scenario.fleet.spares), (Some(4), Some(2)));
         let first = &scenario.faults[0];
         assert_eq!(first.fault, Fault::GpuXid(79));
         assert_eq!(first.node, NodeTarget::Rank(1));
@@ -436,7 +436,7 @@ mod tests {
         config.steps = 300;
         config.seed = 5;
         Scenario::builtin().configure(&mut config);
-        assert_eq!((config.nodes, config.spares, config.steps), (4, 1, 100));
+        assert_eq!((config.nodes, config.spares, config.steps), (4, 2, 100));
         assert_eq!(config.checkpoint_every, "10");
         assert_eq!(config.seed, 5, "left out: fleetmend up's value stays");
     }

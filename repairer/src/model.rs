@@ -273,6 +273,10 @@ pub enum EventKind {
     JobFailed,
     /// A person cancelled a job.
     JobCancelled,
+    /// A hot spare was put to work for a job waiting for nodes.
+    SpareTaken,
+    /// A job has waited for nodes longer than `wait_alert`: how many it needs and which are out.
+    JobWaiting,
 }
 
 impl EventKind {
@@ -297,6 +301,8 @@ impl EventKind {
             EventKind::JobCompleted => "job-completed",
             EventKind::JobFailed => "job-failed",
             EventKind::JobCancelled => "job-cancelled",
+            EventKind::SpareTaken => "spare-taken",
+            EventKind::JobWaiting => "job-waiting",
         }
     }
 }

@@ -21,7 +21,7 @@ use fleetmend_repairer::model::{Event, NodeState};
 pub use fleetmend_repairer::policy::Mode;
 use fleetmend_repairer::queue::{JobQueue, JobSpec, JobState, JobView};
 use fleetmend_repairer::scheduler::slurm::{SlurmConfig, SlurmScheduler};
-use fleetmend_repairer::scheduler::{DRAIN_REASON_PREFIX, Scheduler};
+use fleetmend_repairer::scheduler::{SPARE_REASON, Scheduler, is_spare};
 use fleetmend_repairer::service::{self, Repairer};
 use fleetmend_repairer::store::Store;
 use serde::{Deserialize, Serialize};
@@ -305,10 +305,6 @@ struct SlurmFleet {
 /// How often the Slurm job's status is read.
 const SLURM_POLL: Duration = Duration::from_millis(500);
 
-/// The reason the spares are drained with: fleetmend's own prefix, so the replacement workflow
-/// may undrain a spare once it is validated.
-const SPARE_REASON: &str = "standby spare of fleetmend up";
-
 /// Random hex from /dev/urandom.
 fn random_hex(bytes: usize) -> Result<String, std::io::Error> {
     use std::io::Read;
@@ -463,7 +459,7 @@ impl Fleet {
             return Err(FleetError::RepairerConfig(problems));
         }
         let provider = Arc::new(LocalProvider::new(supervisor.clone()));
-        let started = service::start_with(repairer_config, None, Some(provider), async {
+        let started = service::start_with(repairer_config, None, Some(provider.clone()), async {
             let _ = stop_rx.await;
         })
         .await;
@@ -480,6 +476,19 @@ impl Fleet {
         let queue = repairer.queue.clone();
         if queue.is_none() && slurm.is_none() {
             return Err(FleetError::NoQueue);
+        }
+        if let Some(queue) = &queue {
+            let queue = queue.clone();
+            provider.set_standby(Arc::new(move || {
+                let drained = queue.drained();
+                Some(
+                    drained
+                        .into_iter()
+                        .filter(|(_, d)| is_spare(&d.reason))
+                        .map(|(n, _)| n)
+                        .collect(),
+                )
+            }));
         }
         let repairer_url = format!("http://{}", repairer.local_addr);
         supervisor.set_repairer_url(&repairer_url);
@@ -514,7 +523,9 @@ impl Fleet {
     async fn bring_up(&mut self, roles: &[(String, Role)]) -> Result<(), FleetError> {
         for (node, role) in roles {
             if *role == Role::Spare {
-                let reason = format!("{DRAIN_REASON_PREFIX}{SPARE_REASON}");
+                // A hot spare: a job short of nodes takes it at once; the replacement workflow
+                // takes it too, and undrains it once it is validated.
+                let reason = format!("{SPARE_REASON}: standby of fleetmend up");
                 let drained = match (&self.queue, &self.slurm) {
                     (_, Some(slurm)) => SlurmScheduler::new(slurm.config.clone())
                         .drain(node, &reason)
@@ -664,11 +675,20 @@ impl Fleet {
         repairer.alerts.poll_interval = Duration::from_millis(200);
         // One machine's fleet: a repaired node may be acted on again within a minute.
         repairer.policy.guard_rails.cooldown = Duration::from_secs(60);
+        // The ladder at a local fleet's pace: a node still failing 10 s after its drain is
+        // rebooted (a transient fault clears), then replaced by a spare.
+        repairer.policy.escalation.drain_window = Duration::from_secs(10);
+        // A handful of nodes: a third of them may be out at once (the 10 % of a large fleet
+        // would hold a second fault's drain behind the first one's replacement here).
+        repairer.policy.guard_rails.max_unavailable_fraction = 0.34;
         let queue = &mut repairer.queue;
         queue.tick = Duration::from_millis(100);
         queue.start_timeout = Duration::from_secs(60);
         queue.checkpoint_grace = Duration::from_secs(15);
         queue.stop_grace = config.rank_stop_grace + Duration::from_secs(5);
+        // A repaired node rejoins the hot spares while fewer than `--spares` are held.
+        queue.spare_pool = config.spares;
+        queue.wait_alert = Duration::from_secs(20);
         let (min, max) = rendezvous_ports(Path::new("/proc"));
         queue.master_port_min = min;
         queue.master_port_max = max;

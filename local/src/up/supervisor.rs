@@ -552,8 +552,14 @@ impl Supervisor {
     }
 
     /// Takes the first spare to replace `node`: the spare becomes a worker, `node` is retired
-    /// (its agent is stopped by [`Supervisor::retire`]).
-    pub fn take_spare(&self, node: &str) -> Result<String, SupervisorError> {
+    /// (its agent is stopped by [`Supervisor::retire`]). With `standby`, the spares are the nodes
+    /// the scheduler still holds as hot spares (a spare a waiting job took is at work; a repaired
+    /// node that rejoined the pool is a spare again); without, those set aside at start.
+    pub fn take_spare(
+        &self,
+        node: &str,
+        standby: Option<&[String]>,
+    ) -> Result<String, SupervisorError> {
         let mut inner = self.lock();
         if inner.stopping {
             return Err(SupervisorError::Stopping { operation: "replace", node: node.to_owned() });
@@ -565,10 +571,14 @@ impl Supervisor {
         if let Some(spare) = inner.slots.get(node).and_then(|s| s.replaced_by.clone()) {
             return Ok(spare);
         }
+        let is_spare = |name: &String, slot: &Slot| match standby {
+            Some(standby) => name != node && slot.role != Role::Retired && standby.contains(name),
+            None => slot.role == Role::Spare,
+        };
         let spare = inner
             .slots
             .iter()
-            .find(|(_, slot)| slot.role == Role::Spare)
+            .find(|(name, slot)| is_spare(name, slot))
             .map(|(name, _)| name.clone())
             .ok_or_else(|| SupervisorError::NoSpare { node: node.to_owned() })?;
         if let Some(slot) = inner.slots.get_mut(&spare) {

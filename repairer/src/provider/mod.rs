@@ -30,6 +30,10 @@ pub enum PowerState {
 pub enum ProviderError {
     #[error("{provider}: {operation} of {node} is not supported")]
     Unsupported { provider: &'static str, operation: &'static str, node: String },
+    /// The operation cannot be done now and waiting will not help (no spare left to replace
+    /// with): the workflow goes to a person.
+    #[error("{provider}: {operation} of {node} is not possible: {message}")]
+    Impossible { provider: &'static str, operation: &'static str, node: String, message: String },
     #[error("{provider}: {operation} of {node} failed: {message}")]
     Failed { provider: &'static str, operation: &'static str, node: String, message: String },
     #[error("{provider}: {operation} of {node} timed out after {seconds} s")]

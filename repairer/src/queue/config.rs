@@ -35,6 +35,14 @@ pub struct QueueConfig {
     /// jobs of the same size have been observed.
     #[serde(with = "humantime_serde")]
     pub mtbf_prior: Duration,
+    /// Hot spares the queue keeps: a node fleetmend repaired rejoins the spares (drained with
+    /// reason `fleetmend: spare`) while fewer than this many are held, instead of going back to
+    /// work. A job waiting for nodes takes the spares it lacks at once. 0: repaired nodes go back
+    /// to work (spares set aside by hand are still taken).
+    pub spare_pool: u32,
+    /// A job waiting for nodes longer than this raises a `job-waiting` warning with why.
+    #[serde(with = "humantime_serde")]
+    pub wait_alert: Duration,
 }
 
 impl Default for QueueConfig {
@@ -48,6 +56,8 @@ impl Default for QueueConfig {
             master_port_max: 29999,
             progress_base_url: None,
             mtbf_prior: Duration::from_secs(24 * 3600),
+            spare_pool: 0,
+            wait_alert: Duration::from_secs(60),
         }
     }
 }
@@ -64,6 +74,7 @@ impl QueueConfig {
             ("start_timeout", self.start_timeout),
             ("stop_grace", self.stop_grace),
             ("mtbf_prior", self.mtbf_prior),
+            ("wait_alert", self.wait_alert),
         ] {
             if value.is_zero() {
                 push(field, "must be greater than zero".to_owned());

@@ -9,7 +9,9 @@ use super::{
     DRAINED_KEY, Job, JobQueue, JobState, NAME, QueueDrain, QueueState, StopCause, reindex,
 };
 use crate::model::{EventKind, Severity};
-use crate::scheduler::{DRAIN_REASON_PREFIX, JobRef, SchedulerError, UndrainOutcome};
+use crate::scheduler::{
+    DRAIN_REASON_PREFIX, JobRef, SPARE_REASON, SchedulerError, UndrainOutcome, is_spare,
+};
 
 impl JobQueue {
     /// Drains `node` as an admin would outside fleetmend (the reason is not fleetmend's, so
@@ -23,7 +25,10 @@ impl JobQueue {
         self.lock().drained.clone()
     }
 
-    fn save_drains(&self, drained: &BTreeMap<String, QueueDrain>) -> Result<(), SchedulerError> {
+    pub(super) fn save_drains(
+        &self,
+        drained: &BTreeMap<String, QueueDrain>,
+    ) -> Result<(), SchedulerError> {
         let saved = self.events.store().put_setting(DRAINED_KEY, drained);
         self.events.write("put_setting", saved).map_err(|err| SchedulerError::Failed {
             scheduler: NAME,
@@ -35,8 +40,11 @@ impl JobQueue {
     pub(crate) fn drain_node(&self, node: &str, reason: &str) -> Result<(), SchedulerError> {
         let now = self.clock.now_ms();
         let mut state = self.lock();
-        if !state.drained.contains_key(node) {
-            // An admin's drain stays theirs: a later fleetmend drain does not take it over.
+        let spare = state.drained.get(node).is_some_and(|d| is_spare(&d.reason));
+        if !state.drained.contains_key(node) || spare {
+            // An admin's drain stays theirs: a later fleetmend drain does not take it over. A
+            // hot spare's does not: drained for a reason (a finding, validation as a
+            // replacement), it is no longer a spare a job may take.
             let mut drained = state.drained.clone();
             drained
                 .insert(node.to_owned(), QueueDrain { reason: reason.to_owned(), since_ms: now });
@@ -75,9 +83,19 @@ impl JobQueue {
             Some(drain) if !drain.reason.starts_with(DRAIN_REASON_PREFIX) => {
                 UndrainOutcome::DrainedByOther(drain.reason.clone())
             }
-            Some(_) => {
+            Some(drain) => {
+                let was_spare = is_spare(&drain.reason);
                 let mut drained = state.drained.clone();
-                drained.remove(node);
+                // A repaired node rejoins the hot spares while there are fewer than the pool
+                // wants; else it goes back to work (as does a spare undrained by a person).
+                let spares = drained.values().filter(|d| is_spare(&d.reason)).count();
+                if !was_spare && spares < self.config.spare_pool as usize {
+                    let reason = format!("{SPARE_REASON}: rejoined the pool after its repair");
+                    let since_ms = self.clock.now_ms();
+                    drained.insert(node.to_owned(), QueueDrain { reason, since_ms });
+                } else {
+                    drained.remove(node);
+                }
                 self.save_drains(&drained).map_err(|err| match err {
                     SchedulerError::Failed { message, .. } => {
                         SchedulerError::Failed { scheduler: NAME, operation: "undrain", message }

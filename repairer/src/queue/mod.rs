@@ -112,6 +112,8 @@ struct QueueState {
     dirty_saved_ms: BTreeMap<String, u64>,
     /// Observed MTBF per job size, and when it was computed.
     mtbf: BTreeMap<u32, (u64, f64)>,
+    /// Queued jobs whose wait for nodes was alerted: job → the start of the wait alerted.
+    wait_alerted: BTreeMap<String, u64>,
 }
 
 /// Figures for `/metrics`.

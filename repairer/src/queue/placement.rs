@@ -4,6 +4,10 @@
 //! Strict priority, then FIFO: the job at the head of the queue waits until N eligible nodes are
 //! free (gang allocation, one rank per node) and nothing behind it starts meanwhile — no
 //! backfill, so a large job is never starved by a stream of small ones.
+//!
+//! Hot spares: a job at the head of the queue that the free nodes cannot fit takes the hot spares
+//! it lacks (healthy nodes held out of work with fleetmend's spare drain), at once, rather than
+//! wait for its lost node's repair.
 
 use std::collections::BTreeSet;
 use std::ops::RangeInclusive;
@@ -38,6 +42,8 @@ pub struct Candidate<'a> {
     pub address: Option<&'a str>,
     /// Drained in the queue (by fleetmend or an admin).
     pub drained: bool,
+    /// The drain holds it as a hot spare (`scheduler::SPARE_REASON`).
+    pub spare: bool,
     /// Runs (or is about to run) a rank of a job.
     pub busy: bool,
 }
@@ -45,8 +51,16 @@ pub struct Candidate<'a> {
 impl Candidate<'_> {
     /// May take a rank now.
     pub fn eligible(&self, now: u64, unreachable_window_ms: u64) -> bool {
+        !self.drained && self.ready(now, unreachable_window_ms)
+    }
+
+    /// A hot spare that may be put to work now.
+    pub fn ready_spare(&self, now: u64, unreachable_window_ms: u64) -> bool {
+        self.drained && self.spare && self.ready(now, unreachable_window_ms)
+    }
+
+    fn ready(&self, now: u64, unreachable_window_ms: u64) -> bool {
         self.state == NodeState::Healthy
-            && !self.drained
             && !self.busy
             && now.saturating_sub(self.last_report_ms) <= unreachable_window_ms
     }
@@ -60,6 +74,8 @@ pub struct Placement {
     pub nodes: Vec<String>,
     pub master_addr: String,
     pub master_port: u16,
+    /// The hot spares among `nodes`: their spare drain is lifted before the job launches.
+    pub spares: Vec<String>,
 }
 
 /// The job at the head of the queue that cannot start yet, and why.
@@ -90,9 +106,13 @@ pub fn place(
 ) -> (Vec<Placement>, Option<Blocked>) {
     let mut order: Vec<Waiting<'_>> = jobs.to_vec();
     queue_order(&mut order);
+    let by_name = |list: &mut Vec<&Candidate<'_>>| list.sort_by(|a, b| a.name.cmp(b.name));
     let mut free: Vec<&Candidate<'_>> =
         nodes.iter().filter(|n| n.eligible(now, unreachable_window_ms)).collect();
-    free.sort_by(|a, b| a.name.cmp(b.name));
+    by_name(&mut free);
+    let mut spares: Vec<&Candidate<'_>> =
+        nodes.iter().filter(|n| n.ready_spare(now, unreachable_window_ms)).collect();
+    by_name(&mut spares);
     let mut used_ports = ports_in_use.clone();
     let mut placements = Vec::new();
     for job in order {
@@ -100,8 +120,13 @@ pub fn place(
             return (placements, None);
         }
         let wanted = job.nodes as usize;
-        if wanted > free.len() {
-            let why = format!("waits for {wanted} eligible node(s): {} free", free.len());
+        if wanted > free.len() + spares.len() {
+            let spare_words = match spares.len() {
+                0 => String::new(),
+                n => format!(" and {n} hot spare(s)"),
+            };
+            let why =
+                format!("waits for {wanted} eligible node(s): {} free{spare_words}", free.len());
             return (placements, Some(Blocked { job: job.id.to_owned(), why }));
         }
         let Some(port) =
@@ -110,13 +135,17 @@ pub fn place(
             let why = "waits for a free MASTER_PORT".to_owned();
             return (placements, Some(Blocked { job: job.id.to_owned(), why }));
         };
-        let chosen: Vec<&Candidate<'_>> = free.drain(..wanted).collect();
+        let from_free = wanted.min(free.len());
+        let mut chosen: Vec<&Candidate<'_>> = free.drain(..from_free).collect();
+        let taken: Vec<&Candidate<'_>> = spares.drain(..wanted - from_free).collect();
+        chosen.extend(&taken);
         used_ports.insert(port);
         placements.push(Placement {
             job: job.id.to_owned(),
             master_addr: chosen[0].address.unwrap_or(chosen[0].name).to_owned(),
             nodes: chosen.iter().map(|n| n.name.to_owned()).collect(),
             master_port: port,
+            spares: taken.iter().map(|n| n.name.to_owned()).collect(),
         });
     }
     (placements, None)
@@ -136,6 +165,7 @@ mod tests {
             last_report_ms: NOW,
             address: None,
             drained: false,
+            spare: false,
             busy: false,
         }
     }
@@ -238,6 +268,33 @@ mod tests {
         for (name, jobs, nodes, expected) in cases {
             assert_eq!(run(&jobs, &nodes), expected, "{name}");
         }
+    }
+
+    #[test]
+    fn a_job_short_of_free_nodes_takes_the_hot_spares_it_lacks_and_no_more() {
+        let spare = |name| Candidate { drained: true, spare: true, ..node(name) };
+        let mut nodes = vec![node("n1"), node("n2"), node("n3"), spare("s1"), spare("s2")];
+        let all = &BTreeSet::new();
+        let (placed, why) = place(&[job("a", 4, 0, 1)], &nodes, all, 1..=9, NOW, WINDOW);
+        assert_eq!(why, None);
+        assert_eq!(placed[0].nodes, names(&["n1", "n2", "n3", "s1"]), "free nodes first");
+        assert_eq!(placed[0].spares, names(&["s1"]));
+        // Enough free nodes: no spare is touched.
+        let (placed, _) = place(&[job("a", 3, 0, 1)], &nodes, all, 1..=9, NOW, WINDOW);
+        assert!(placed[0].spares.is_empty());
+        // An admin's drain, a spare that is not healthy or a silent one is never taken.
+        nodes[3].spare = false;
+        nodes[4].state = NodeState::Suspect;
+        let (placed, why) = place(&[job("a", 4, 0, 1)], &nodes, all, 1..=9, NOW, WINDOW);
+        assert!(placed.is_empty());
+        assert_eq!(why.unwrap().why, "waits for 4 eligible node(s): 3 free");
+        nodes[4].state = NodeState::Healthy;
+        let (_, why) = place(&[job("a", 5, 0, 1)], &nodes, all, 1..=9, NOW, WINDOW);
+        assert_eq!(why.unwrap().why, "waits for 5 eligible node(s): 3 free and 1 hot spare(s)");
+        // No port: the spares stay where they are.
+        let (placed, _) =
+            place(&[job("a", 4, 0, 1)], &nodes, &BTreeSet::from([1]), 1..=1, NOW, WINDOW);
+        assert!(placed.is_empty());
     }
 
     #[test]

@@ -40,6 +40,12 @@ fn shape(state: &QueueState) -> Vec<(u64, u32, usize)> {
 }
 use crate::model::{EventKind, NodeState, Severity};
 
+/// A waiting job's reason without the nodes that are out (which the wait alert adds).
+fn waiting_reason(reason: &str) -> &str {
+    reason.split("; out: ").next().unwrap_or(reason)
+}
+use crate::scheduler::is_spare;
+
 impl JobQueue {
     /// Time-based work: start timeouts, lost nodes, the stop sequence, placement, saving progress.
     pub fn tick(&self, now: u64) {
@@ -49,7 +55,7 @@ impl JobQueue {
         // for 54 simulated days of a 2,048-node job).
         let generation = self.fleet.generation();
         let healthy = self.fleet.healthy();
-        let (fleet_changed, smallest) = {
+        let (fleet_changed, smallest, alert_due) = {
             let mut state = self.lock();
             let fleet_changed = state.fleet_generation != Some(generation);
             // A queued job for which there was no room waits for the fleet to change.
@@ -62,7 +68,9 @@ impl JobQueue {
                     || j.state.is_final()
                     || (j.state == JobState::Queued && !retry)
             };
+            let alert_due = self.wait_alert_due(&state, now);
             let quiet = !fleet_changed
+                && !alert_due
                 && state.moved.is_empty()
                 && state.stale_kills.is_empty()
                 && state.jobs.values().all(settled);
@@ -81,11 +89,11 @@ impl JobQueue {
                 .map(|j| u64::from(j.spec.nodes))
                 .min()
                 .filter(|_| retry);
-            (fleet_changed, smallest)
+            (fleet_changed, smallest, alert_due)
         };
         // The engine's lock is taken before the queue's, never inside it. A running job's rank
         // is lost only on a node that is not healthy: those few are read, not the whole fleet.
-        let not_healthy = if fleet_changed || smallest.is_some() {
+        let not_healthy = if fleet_changed || smallest.is_some() || alert_due {
             self.fleet.not_healthy()
         } else {
             BTreeMap::new()
@@ -138,6 +146,9 @@ impl JobQueue {
                 reindex(&mut state);
             }
         }
+        if alert_due || fleet_changed {
+            self.alert_waits(&mut state, &not_healthy, now);
+        }
         self.save_dirty(&mut state, now);
         let grace = self.config.stop_grace.as_millis() as u64 * 4;
         state.stale_kills.retain(|_, sent| now.saturating_sub(*sent) < grace);
@@ -172,7 +183,7 @@ impl JobQueue {
             // Placement's own words: `free` counts the healthy nodes no job holds, which is
             // what placement finds unless some of them are drained or silent.
             let why = format!("waits for {} eligible node(s): {free} free", job.spec.nodes);
-            if job.reason != why {
+            if waiting_reason(&job.reason) != why {
                 job.reason = why;
                 dirty.insert(job.id.clone());
             }
@@ -246,6 +257,7 @@ impl JobQueue {
                 last_report_ms: *last_report_ms,
                 address: state.nodes.get(name).and_then(|n| n.address.as_deref()),
                 drained: state.drained.contains_key(name),
+                spare: state.drained.get(name).is_some_and(|d| is_spare(&d.reason)),
                 busy: busy.contains(name.as_str()),
             })
             .collect();
@@ -258,17 +270,114 @@ impl JobQueue {
             self.unreachable_window_ms,
         );
         for placement in placements {
+            if !placement.spares.is_empty() && !self.take_spares(state, &placement) {
+                continue;
+            }
             if let Some(job) = state.jobs.get_mut(&placement.job) {
                 self.launch(job, placement, now);
             }
         }
         if let Some(blocked) = blocked
             && let Some(job) = state.jobs.get_mut(&blocked.job)
-            && job.reason != blocked.why
+            && waiting_reason(&job.reason) != blocked.why
         {
             job.reason = blocked.why;
             self.save(job);
         }
+    }
+
+    /// Whether a queued job has waited for nodes longer than `wait_alert` without its alert.
+    fn wait_alert_due(&self, state: &QueueState, now: u64) -> bool {
+        let bound = self.config.wait_alert.as_millis() as u64;
+        state.jobs.values().any(|j| {
+            j.state == JobState::Queued
+                && now.saturating_sub(j.state_since_ms) >= bound
+                && state.wait_alerted.get(&j.id) != Some(&j.state_since_ms)
+        })
+    }
+
+    /// A `job-waiting` warning for each job waiting for nodes longer than `wait_alert`: how many
+    /// it needs, and which nodes are out and why (once per wait; `fleetmend jobs` shows the
+    /// same in the job's reason).
+    fn alert_waits(
+        &self,
+        state: &mut QueueState,
+        not_healthy: &BTreeMap<String, NodeState>,
+        now: u64,
+    ) {
+        const NAMED: usize = 8;
+        let bound = self.config.wait_alert.as_millis() as u64;
+        let long_waits: Vec<String> = state
+            .jobs
+            .values()
+            .filter(|j| {
+                j.state == JobState::Queued && now.saturating_sub(j.state_since_ms) >= bound
+            })
+            .map(|j| j.id.clone())
+            .collect();
+        if long_waits.is_empty() {
+            return;
+        }
+        let mut out: Vec<String> =
+            not_healthy.iter().map(|(node, node_state)| format!("{node} ({node_state})")).collect();
+        out.extend(
+            state
+                .drained
+                .iter()
+                .filter(|(node, d)| !is_spare(&d.reason) && !not_healthy.contains_key(*node))
+                .map(|(node, d)| format!("{node} (drained: {})", d.reason)),
+        );
+        let more = out.len().saturating_sub(NAMED);
+        out.truncate(NAMED);
+        let mut out = if out.is_empty() { "none".to_owned() } else { out.join(", ") };
+        if more > 0 {
+            out.push_str(&format!(" and {more} more"));
+        }
+        for id in long_waits {
+            let Some(job) = state.jobs.get_mut(&id) else { continue };
+            let reason = format!("{}; out: {out}", waiting_reason(&job.reason));
+            if state.wait_alerted.get(&id) != Some(&job.state_since_ms) {
+                let waited = now.saturating_sub(job.state_since_ms) / 1000;
+                let waited = humantime::format_duration(std::time::Duration::from_secs(waited));
+                let why = format!("waiting {waited} for nodes: {reason}");
+                self.event(EventKind::JobWaiting, Severity::Warning, None, self.about(job, &why));
+                state.wait_alerted.insert(id, job.state_since_ms);
+            }
+            if job.reason != reason {
+                job.reason = reason;
+                self.save(job);
+            }
+        }
+    }
+
+    /// Lifts the spare drains of the hot spares a placement takes, written first: a spare whose
+    /// drain could not be lifted stays a spare, and the job waits for the next placement.
+    fn take_spares(&self, state: &mut QueueState, placement: &Placement) -> bool {
+        let mut drained = state.drained.clone();
+        for spare in &placement.spares {
+            drained.remove(spare);
+        }
+        if let Err(err) = self.save_drains(&drained) {
+            tracing::error!(job = %placement.job, error = %err, "putting hot spares to work failed");
+            return false;
+        }
+        state.drained = drained;
+        if let Some(job) = state.jobs.get(&placement.job) {
+            let short = placement.nodes.len() - placement.spares.len();
+            for spare in &placement.spares {
+                let why = format!(
+                    "hot spare {spare} put to work: the job needs {} node(s), {short} free",
+                    placement.nodes.len()
+                );
+                self.event(
+                    EventKind::SpareTaken,
+                    Severity::Info,
+                    Some(spare),
+                    self.about(job, &why),
+                );
+            }
+        }
+        true
     }
 
     fn launch(&self, job: &mut Job, placement: Placement, now: u64) {

@@ -22,6 +22,15 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// starts with it.
 pub const DRAIN_REASON_PREFIX: &str = "fleetmend: ";
 
+/// The drain reason of a hot spare: a healthy, validated node held out of work until a job waits
+/// for nodes (then it is put to work at once, instead of the job waiting for a repair).
+pub const SPARE_REASON: &str = "fleetmend: spare";
+
+/// Whether a drain reason marks a hot spare.
+pub fn is_spare(reason: &str) -> bool {
+    reason.starts_with(SPARE_REASON)
+}
+
 /// A job as the scheduler knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobRef {

@@ -378,7 +378,9 @@ impl CallError for SchedulerError {
 impl CallError for ProviderError {
     fn kind(&self) -> FailureKind {
         match self {
-            ProviderError::Unsupported { .. } => FailureKind::Permanent,
+            ProviderError::Unsupported { .. } | ProviderError::Impossible { .. } => {
+                FailureKind::Permanent
+            }
             ProviderError::Timeout { .. } => FailureKind::TimedOut,
             ProviderError::Failed { .. } => FailureKind::Retryable,
         }
