@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 use crate::api::NodeDetail;
 use crate::engine::{BreakerState, NodeSummary};
 use crate::model::{Event, RuleAction};
-use crate::queue::{CheckpointEvery, JobSpec, JobView};
+use crate::queue::{CheckpointEvery, JobSpec, JobState, JobView};
 
 /// A request to the repairer failed.
 #[derive(Debug, thiserror::Error)]
@@ -366,6 +366,7 @@ pub fn jobs_table(jobs: &[JobView]) -> String {
             "RESTARTS",
             "GOODPUT",
             "CHECKPOINT EVERY",
+            "WHY",
         ]
         .map(str::to_owned)
         .to_vec(),
@@ -389,6 +390,9 @@ pub fn jobs_table(jobs: &[JobView]) -> String {
             format!("{}/{}", job.restarts, job.spec.max_restarts),
             format!("{:.0}%", view.goodput_ratio * 100.0),
             interval,
+            // What a queued or stopping job waits for (a long wait for nodes names the nodes
+            // that are out); a running job has nothing to say.
+            if job.state == JobState::Running { String::new() } else { job.reason.clone() },
         ]);
     }
     table(rows)
@@ -431,12 +435,21 @@ mod tests {
             "measured": {}, "checkpoint_interval": 120
         }))
         .unwrap();
+        let waiting = crate::queue::Job {
+            id: "j-4".into(),
+            state: JobState::Queued,
+            reason: "waits for 4 eligible node(s): 3 free; out: n2 (drained: fleetmend: nic)"
+                .into(),
+            ..job.clone()
+        };
         let view = JobView { job, step: Some(640), loss: Some(2.5), goodput_ratio: 0.873 };
-        let text = jobs_table(&[view]);
+        let queued = JobView { job: waiting, step: None, loss: None, goodput_ratio: 0.5 };
+        let text = jobs_table(&[view, queued]);
         let lines: Vec<&str> = text.lines().collect();
         assert!(lines[0].starts_with("ID   NAME       STATE"), "{text}");
         for cell in ["j-3", "running", "640", "2.5000", "1/10", "87%", "auto (120)"] {
             assert!(lines[1].contains(cell), "{cell} missing: {text}");
         }
+        assert!(lines[2].ends_with("3 free; out: n2 (drained: fleetmend: nic)"), "{text}");
     }
 }

@@ -1,11 +1,11 @@
 //! Chaos end to end: the self-healing loop on real processes.
 //!
-//! - The built-in scenario on a local fleet (4 working nodes + 1 spare, a 4-rank training job):
-//!   a persistent Xid 79 under rank 1 at about step 30 → drained, the job checkpointed and
-//!   requeued, a reboot tried, the fault still there → the spare replaces the node, is validated
-//!   and takes its work → the job resumes from its checkpoint; then a transient Xid 48 on another
-//!   node → a reboot clears it; the job completes with an uninterrupted run's weights hash. Every
-//!   transition is checked in the repairer's event log, in order.
+//! - The built-in scenario on a local fleet (4 working nodes + 2 hot spares, a 4-rank training
+//!   job): a persistent Xid 79 under rank 1 at about step 30 → drained, the job checkpointed,
+//!   requeued and resumed at once on a hot spare; a reboot tried, the fault still there → the other
+//!   spare replaces the node and is validated; then a transient Xid 48 on another node → the job
+//!   goes on without it, a reboot clears it; the job completes with an uninterrupted run's weights
+//!   hash. Every transition is checked in the repairer's event log, in order.
 //! - A storm: faults on 3 of 5 nodes at once → the breaker opens, nothing is rebooted, and the
 //!   critical breaker event reaches a webhook receiver.
 //! - A real network fault: two nodes in network namespaces, their data links veth pairs on a

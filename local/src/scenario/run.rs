@@ -291,7 +291,9 @@ async fn wait_for_job(fleet: &Fleet, deadline: Instant) -> Option<JobView> {
     }
 }
 
-/// Every node a fault went to is done with its repair, or the breaker holds every repair.
+/// Every node a fault went to is done with its repair, or the breaker holds every repair. A
+/// node fleetmend drained is not done: the ladder goes on from there once its drain window
+/// passed (unless a person drained it).
 fn settled(fleet: &Fleet, injections: &[Injection]) -> bool {
     if fleet.engine().breaker().open {
         return true;
@@ -299,6 +301,7 @@ fn settled(fleet: &Fleet, injections: &[Injection]) -> bool {
     injections.iter().filter_map(|i| i.node.as_deref()).all(|node| {
         fleet.engine().node(node).is_none_or(|record| {
             record.workflow.is_none()
+                && !(record.state == NodeState::Drained && !record.drained_by_person)
                 && !matches!(
                     record.state,
                     NodeState::Suspect
