@@ -55,7 +55,8 @@ fn run_matrix(name: &str) {
         };
         let context = format!("{}\n{progress}", summary.render());
         let events = fleet.events(0, 100_000).unwrap();
-        // Each faulted node's state now, and the reason of the change that put it there.
+        // Each faulted node's state now, and the repairer's last word on it: the change that put
+        // it there, or the decision (an alert) that left it at work.
         let mut ends = Vec::new();
         for fault in &summary.faults {
             let node = fault.node.clone().unwrap_or_default();
@@ -63,7 +64,8 @@ fn run_matrix(name: &str) {
             let reason = events
                 .iter()
                 .rev()
-                .find(|e| e.kind == EventKind::StateChanged && e.node.as_deref() == Some(&node))
+                .filter(|e| e.node.as_deref() == Some(&node))
+                .find(|e| matches!(e.kind, EventKind::StateChanged | EventKind::Decision))
                 .map(|e| e.reason.clone())
                 .unwrap_or_default();
             ends.push((fault.number, node, state.map(|s| (s, reason))));
