@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use fleetmend_proto::{Progress, ProgressReply, RankSignal, RunRank};
 use fleetmend_repairer::config::{RepairerConfig, SchedulerKind};
-use fleetmend_repairer::model::{Event, EventKind};
+use fleetmend_repairer::model::{Event, EventKind, Severity};
 use fleetmend_repairer::provider::{FakeProvider, Provider};
 use fleetmend_repairer::queue::{JobState, JobView};
 use fleetmend_repairer::scheduler::{DRAIN_REASON_PREFIX, Scheduler, UndrainOutcome};
@@ -657,5 +657,55 @@ async fn an_admin_drain_is_kept_apart_from_fleetmends_own() {
         queue.drained().into_keys().collect::<Vec<_>>(),
         ["n7"],
         "only the admin's drain is left"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_short_of_free_nodes_takes_a_hot_spare_and_a_long_wait_names_the_nodes_out() {
+    let c = Cluster::start(|config| {
+        config.queue.wait_alert = Duration::from_millis(400);
+        config.queue.spare_pool = 1;
+    })
+    .await;
+    let queue = c.repairer.queue.clone().unwrap();
+    let _agents = c.fleet(&["n1", "n2", "n3", "s1"]).await;
+    queue.admin_drain("s1", "fleetmend: spare (set aside by the test)").unwrap();
+    queue.admin_drain("n3", "a person's drain").unwrap();
+
+    // Two free nodes and a spare: a job of three takes the spare at once.
+    let job = c.submit(spec("big", 3, 0, 0)).await;
+    let running = c.wait_state(&job, JobState::Running, 0).await;
+    assert_eq!(running.job.nodes, ["n1", "n2", "s1"]);
+    assert!(!queue.drained().contains_key("s1"), "the spare is still held out");
+    let events = c.events().await;
+    assert_in_order(
+        &events,
+        &[
+            Expect::kind(EventKind::SpareTaken)
+                .node("s1")
+                .reason("the job needs 3 node(s), 2 free"),
+            job_event(EventKind::JobStarted, &job),
+        ],
+    );
+
+    // Nothing is left for a second job: after wait_alert it says why, once, naming the node out.
+    let next = c.submit(spec("next", 1, 0, 0)).await;
+    let waiting = c.wait_job(&next, "the wait named", |j| j.job.reason.contains("; out: ")).await;
+    assert!(
+        waiting.job.reason.starts_with(
+            "waits for 1 eligible node(s): 0 free; out: n3 (drained: a person's drain)"
+        ),
+        "{}",
+        waiting.job.reason
+    );
+    let alerts: Vec<Event> =
+        c.events().await.into_iter().filter(|e| e.kind == EventKind::JobWaiting).collect();
+    assert_eq!(alerts.len(), 1, "{alerts:?}");
+    assert_eq!(alerts[0].severity, Severity::Warning);
+    assert!(alerts[0].reason.contains(&format!("job {next} ")), "{}", alerts[0].reason);
+    assert!(
+        alerts[0].reason.contains("for nodes: waits for 1 eligible node(s)"),
+        "{}",
+        alerts[0].reason
     );
 }

@@ -301,7 +301,7 @@ fn settled(fleet: &Fleet, injections: &[Injection]) -> bool {
     injections.iter().filter_map(|i| i.node.as_deref()).all(|node| {
         fleet.engine().node(node).is_none_or(|record| {
             record.workflow.is_none()
-                && !(record.state == NodeState::Drained && !record.drained_by_person)
+                && (record.state != NodeState::Drained || record.drained_by_person)
                 && !matches!(
                     record.state,
                     NodeState::Suspect

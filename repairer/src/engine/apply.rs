@@ -108,6 +108,12 @@ impl Engine {
             }
             Decision::Act(verdict) => {
                 self.metrics.decision(verdict.action, self.policy.mode.as_str());
+                // The ladder's first step up: a drained node still failing gets a repair.
+                if nodes.get(name).is_some_and(|n| n.state == NodeState::Drained)
+                    && verdict.action.is_repair()
+                {
+                    self.metrics.repair(RuleAction::Drain, "escalated");
+                }
                 let actor = Actor::rule(&verdict.rule);
                 Some(self.begin_workflow(&mut nodes, name, &verdict, actor, now)?)
             }

@@ -408,7 +408,7 @@ fn the_ladder_goes_from_drain_to_reboot_after_the_drain_window_and_stops_where_i
     let bus = [tracked(xid("79"), 1, 0)];
     let nic_rule = |window: Option<u64>, stop: Option<Rung>| RuleConfig {
         finding: Some("nic_down".to_owned()),
-        drain_window: window.map(|ms| Duration::from_millis(ms)),
+        drain_window: window.map(Duration::from_millis),
         stop_at: stop,
         ..rule("nic", RuleActionSpec::Drain)
     };
