@@ -20,8 +20,8 @@ use crate::up::supervisor::{AgentState, Supervisor, SupervisorError};
 /// The provider's name in errors and events.
 const NAME: &str = "local";
 
-/// The nodes the scheduler holds as hot spares now (`None`: it cannot say).
-pub type Standby = Arc<dyn Fn() -> Option<Vec<String>> + Send + Sync>;
+/// The nodes the scheduler holds as hot spares now.
+pub type Standby = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
 
 /// Reboots and replaces the local fleet's simulated nodes through its [`Supervisor`].
 #[derive(Clone)]
@@ -83,7 +83,7 @@ impl Provider for LocalProvider {
 
     fn replace<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<String, ProviderError>> {
         Box::pin(async move {
-            let standby = self.standby.get().and_then(|standby| standby());
+            let standby = self.standby.get().map(|standby| standby());
             let spare =
                 self.supervisor.take_spare(node, standby.as_deref()).map_err(|err| match err {
                     SupervisorError::NoSpare { .. } => ProviderError::Impossible {

@@ -14,6 +14,15 @@ fn config(overrides: &[(&str, &str)]) -> SimConfig {
     SimConfig::load(None, &overrides).unwrap()
 }
 
+/// Settings from a TOML document of scripted `[[event]]`s, then `settings` by their dotted paths.
+fn scripted(events: &str, settings: &[(&str, &str)], name: &str) -> SimConfig {
+    let mut document: toml::Table = toml::from_str(events).unwrap();
+    for (key, value) in settings {
+        fleetmend_sim::config::set_path(&mut document, key, value).unwrap();
+    }
+    SimConfig::from_table(document, &[], name).unwrap()
+}
+
 /// One root cause that kills the job where it strikes and leaves the node healthy: the closed
 /// form's failure (every failure costs a restart and the work since the last checkpoint).
 const CRASH_CATALOG: &str = r#"
@@ -101,25 +110,22 @@ fn the_same_seed_gives_byte_identical_json_and_another_seed_another_run() {
 /// rebooted: asserted from the repairer's own event log.
 #[test]
 fn a_correlated_failure_of_30_percent_opens_the_breaker_and_nothing_is_rebooted() {
-    let mut document: toml::Table = toml::from_str(
+    let storm = scripted(
         r#"
         [[event]]
         at = "2h"
         fraction = 0.3
         fault = "gpu-xid:79"
         "#,
-    )
-    .unwrap();
-    for (key, value) in [
-        ("fleet.nodes", "200"),
-        ("fleet.spares", "8"),
-        ("fleet.duration", "1day"),
-        ("failures.rate_per_node_day", "0.0"),
-        ("failures.silent_repair_rate", "0.0"),
-    ] {
-        fleetmend_sim::config::set_path(&mut document, key, value).unwrap();
-    }
-    let storm = SimConfig::from_table(document, &[], "the storm").unwrap();
+        &[
+            ("fleet.nodes", "200"),
+            ("fleet.spares", "8"),
+            ("fleet.duration", "1day"),
+            ("failures.rate_per_node_day", "0.0"),
+            ("failures.silent_repair_rate", "0.0"),
+        ],
+        "the storm",
+    );
     assert_eq!(storm.events.len(), 1);
     let (report, events) = simulate_recorded(&storm, None).unwrap();
     assert_eq!(report.failures.node_failures, 60, "{}", report.summary());
@@ -148,21 +154,16 @@ fn a_correlated_failure_of_30_percent_opens_the_breaker_and_nothing_is_rebooted(
 /// rollback.
 #[test]
 fn a_drained_node_that_is_still_alive_costs_a_checkpoint_at_the_signal_not_a_rollback() {
-    let mut document: toml::Table = toml::from_str(
+    let config = scripted(
         r#"
         [[event]]
         at = "5h"
         nodes = 1
         category = "ssd"
         "#,
-    )
-    .unwrap();
-    for (key, value) in
-        [("fleet.nodes", "64"), ("fleet.duration", "1day"), ("failures.rate_per_node_day", "0.0")]
-    {
-        fleetmend_sim::config::set_path(&mut document, key, value).unwrap();
-    }
-    let config = SimConfig::from_table(document, &[], "one SSD").unwrap();
+        &[("fleet.nodes", "64"), ("fleet.duration", "1day"), ("failures.rate_per_node_day", "0.0")],
+        "one SSD",
+    );
     let report = simulate(&config, None).unwrap();
     let job = &report.jobs[0];
     assert_eq!(job.interruptions, 1, "{}", report.summary());

@@ -21,7 +21,7 @@ use fleetmend_repairer::model::{Event, NodeState};
 pub use fleetmend_repairer::policy::Mode;
 use fleetmend_repairer::queue::{JobQueue, JobSpec, JobState, JobView};
 use fleetmend_repairer::scheduler::slurm::{SlurmConfig, SlurmScheduler};
-use fleetmend_repairer::scheduler::{SPARE_REASON, Scheduler, is_spare};
+use fleetmend_repairer::scheduler::{SPARE_REASON, Scheduler};
 use fleetmend_repairer::service::{self, Repairer};
 use fleetmend_repairer::store::Store;
 use serde::{Deserialize, Serialize};
@@ -479,16 +479,7 @@ impl Fleet {
         }
         if let Some(queue) = &queue {
             let queue = queue.clone();
-            provider.set_standby(Arc::new(move || {
-                let drained = queue.drained();
-                Some(
-                    drained
-                        .into_iter()
-                        .filter(|(_, d)| is_spare(&d.reason))
-                        .map(|(n, _)| n)
-                        .collect(),
-                )
-            }));
+            provider.set_standby(Arc::new(move || queue.spares()));
         }
         let repairer_url = format!("http://{}", repairer.local_addr);
         supervisor.set_repairer_url(&repairer_url);

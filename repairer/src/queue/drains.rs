@@ -25,6 +25,12 @@ impl JobQueue {
         self.lock().drained.clone()
     }
 
+    /// The hot spares the queue holds now (drained with `scheduler::SPARE_REASON`).
+    pub fn spares(&self) -> Vec<String> {
+        let state = self.lock();
+        state.drained.iter().filter(|(_, d)| is_spare(&d.reason)).map(|(n, _)| n.clone()).collect()
+    }
+
     pub(super) fn save_drains(
         &self,
         drained: &BTreeMap<String, QueueDrain>,

@@ -13,6 +13,8 @@ use super::{
     AttemptRecord, Job, JobQueue, JobState, QueueState, RankRecord, StopCause, Unusable, reindex,
     restarting, set_state,
 };
+use crate::model::{EventKind, NodeState, Severity};
+use crate::scheduler::is_spare;
 
 /// How long placement that found no room waits before trying again with an unchanged fleet (a
 /// node whose silence ended without a change of state is eligible again).
@@ -38,13 +40,11 @@ fn shape(state: &QueueState) -> Vec<(u64, u32, usize)> {
         .map(|j| (j.seq, j.attempt, j.ranks.len()))
         .collect()
 }
-use crate::model::{EventKind, NodeState, Severity};
 
 /// A waiting job's reason without the nodes that are out (which the wait alert adds).
 fn waiting_reason(reason: &str) -> &str {
     reason.split("; out: ").next().unwrap_or(reason)
 }
-use crate::scheduler::is_spare;
 
 impl JobQueue {
     /// Time-based work: start timeouts, lost nodes, the stop sequence, placement, saving progress.
@@ -288,12 +288,16 @@ impl JobQueue {
 
     /// Whether a queued job has waited for nodes longer than `wait_alert` without its alert.
     fn wait_alert_due(&self, state: &QueueState, now: u64) -> bool {
-        let bound = self.config.wait_alert.as_millis() as u64;
         state.jobs.values().any(|j| {
-            j.state == JobState::Queued
-                && now.saturating_sub(j.state_since_ms) >= bound
+            self.waited_past_alert(j, now)
                 && state.wait_alerted.get(&j.id) != Some(&j.state_since_ms)
         })
+    }
+
+    /// Queued for longer than `wait_alert`.
+    fn waited_past_alert(&self, job: &Job, now: u64) -> bool {
+        job.state == JobState::Queued
+            && now.saturating_sub(job.state_since_ms) >= self.config.wait_alert.as_millis() as u64
     }
 
     /// A `job-waiting` warning for each job waiting for nodes longer than `wait_alert`: how many
@@ -306,13 +310,10 @@ impl JobQueue {
         now: u64,
     ) {
         const NAMED: usize = 8;
-        let bound = self.config.wait_alert.as_millis() as u64;
         let long_waits: Vec<String> = state
             .jobs
             .values()
-            .filter(|j| {
-                j.state == JobState::Queued && now.saturating_sub(j.state_since_ms) >= bound
-            })
+            .filter(|j| self.waited_past_alert(j, now))
             .map(|j| j.id.clone())
             .collect();
         if long_waits.is_empty() {
@@ -363,10 +364,10 @@ impl JobQueue {
         }
         state.drained = drained;
         if let Some(job) = state.jobs.get(&placement.job) {
-            let short = placement.nodes.len() - placement.spares.len();
+            let free = placement.nodes.len() - placement.spares.len();
             for spare in &placement.spares {
                 let why = format!(
-                    "hot spare {spare} put to work: the job needs {} node(s), {short} free",
+                    "hot spare {spare} put to work: the job needs {} node(s), {free} free",
                     placement.nodes.len()
                 );
                 self.event(
