@@ -43,6 +43,10 @@ enum Verb {
         #[command(flatten)]
         client: ClientArgs,
         name: String,
+        /// The evidence bundles gathered before its disruptive repairs instead (kernel log,
+        /// findings, nvidia-smi -q, ...), newest first.
+        #[arg(long)]
+        evidence: bool,
     },
     /// The audit trail.
     Events {
@@ -450,6 +454,7 @@ fn client(verb: Verb) -> ExitCode {
             .unwrap_or(0);
         let request = match verb {
             Verb::Nodes(_) => Request::Nodes,
+            Verb::Node { name, evidence: true, .. } => Request::Evidence(name),
             Verb::Node { name, .. } => Request::Node(name),
             Verb::Events { node, after, limit, .. } => Request::Events { node, after, limit },
             Verb::Drain(node) => Request::Drain(node.name),

@@ -1,11 +1,13 @@
-//! Commands from the repairer, carried out on the node: `deep-check`, `reboot`, `run-rank` and
-//! `signal-rank`.
+//! Commands from the repairer, carried out on the node: `deep-check`, `reboot`, `run-rank`,
+//! `signal-rank` and `evidence`.
 //!
 //! Commands arrive in the replies to reports ([`Commands::submit`]). Deep checks and reboots run
 //! one at a time, in arrival order, on a task of their own ([`CommandExecutor::run`]): a deep check
 //! that takes ten minutes never holds up a report or a scrape. `run-rank` and `signal-rank` take
 //! milliseconds and must not wait behind a deep check (a checkpoint signal is urgent), so
-//! [`Commands::submit`] carries them out at once through the [`RankSupervisor`]. Each result waits in the [`CommandOutbox`] until a
+//! [`Commands::submit`] carries them out at once through the [`RankSupervisor`]. `evidence` runs on
+//! a task of its own ([`crate::evidence`]): it comes before a reboot and must not wait behind
+//! anything either. Each result waits in the [`CommandOutbox`] until a
 //! report carrying it is accepted, and its arrival asks the reporter for a report at once.
 //!
 //! A command id is run at most once (the last [`REMEMBERED_IDS`] ids are kept), and every command
@@ -23,6 +25,7 @@ use tokio::time::Instant;
 
 use crate::checks::Observation;
 use crate::config::{CommandsConfig, HostPaths, ProbeConfig};
+use crate::evidence::Evidence;
 use crate::ranks::{RankSupervisor, RunOutcome};
 use crate::runner::{AgentState, CheckResult, CheckSlot, unix_millis};
 
@@ -168,6 +171,7 @@ pub struct Commands {
     outbox: Arc<CommandOutbox>,
     /// Runs `run-rank` and `signal-rank`; none: they are refused.
     ranks: Option<Arc<RankSupervisor>>,
+    evidence: Arc<Evidence>,
 }
 
 impl Commands {
@@ -192,6 +196,11 @@ impl Commands {
     ) -> (Arc<Commands>, CommandExecutor) {
         let (queue, receiver) = mpsc::channel(QUEUE_CAPACITY);
         let outbox = Arc::new(CommandOutbox::default());
+        let evidence = Arc::new(Evidence::new(
+            config.evidence.clone(),
+            Arc::clone(&paths),
+            Arc::clone(&state),
+        ));
         let executor = CommandExecutor {
             config,
             slots,
@@ -200,7 +209,8 @@ impl Commands {
             outbox: Arc::clone(&outbox),
             queue: receiver,
         };
-        let commands = Commands { queue, seen: Mutex::new(RecentIds::default()), outbox, ranks };
+        let seen = Mutex::new(RecentIds::default());
+        let commands = Commands { queue, seen, outbox, ranks, evidence };
         (Arc::new(commands), executor)
     }
 
@@ -231,6 +241,10 @@ impl Commands {
             self.outbox.push(result);
             return;
         }
+        if command.kind == command_kind::EVIDENCE {
+            self.gather_evidence(command);
+            return;
+        }
         if !is_supported(&command.kind) {
             tracing::warn!(id = %command.id, kind = %command.kind, "unsupported command kind");
             self.outbox.push(unsupported(&command));
@@ -255,6 +269,41 @@ impl Commands {
 }
 
 impl Commands {
+    /// Gathers a bundle on a task of its own; its result goes to the outbox when done.
+    fn gather_evidence(&self, command: NodeCommand) {
+        if !self.evidence.enabled() {
+            let message = "no evidence gathered: commands.evidence.enabled is off on this agent";
+            self.outbox.push(result_of(&command, false, message));
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.outbox.push(result_of(
+                &command,
+                false,
+                "refused: no runtime to gather evidence on",
+            ));
+            return;
+        };
+        let (evidence, outbox) = (Arc::clone(&self.evidence), Arc::clone(&self.outbox));
+        runtime.spawn(async move {
+            let budget = evidence.budget(&command);
+            let bundle = evidence.gather(&command.id, budget).await;
+            let bytes: usize = bundle.items.iter().map(|i| i.content.len()).sum();
+            let names: Vec<&str> = bundle.items.iter().map(|i| i.name.as_str()).collect();
+            let message = format!(
+                "evidence: {} in {}, {} KiB",
+                names.join(", "),
+                short_duration(Duration::from_millis(bundle.took_ms)),
+                bytes.div_ceil(1024)
+            );
+            tracing::info!(id = %command.id, "{message}");
+            outbox.push(CommandResult {
+                evidence: Some(bundle),
+                ..result_of(&command, true, message)
+            });
+        });
+    }
+
     /// Carries out a `run-rank` or `signal-rank` now; its result.
     fn rank_command(&self, command: &NodeCommand) -> CommandResult {
         let Some(ranks) = &self.ranks else {
@@ -322,12 +371,13 @@ fn unsupported(command: &NodeCommand) -> CommandResult {
         command,
         false,
         format!(
-            "unsupported command kind {:?} (this agent runs {:?}, {:?}, {:?} and {:?})",
+            "unsupported command kind {:?} (this agent runs {:?}, {:?}, {:?}, {:?} and {:?})",
             command.kind,
             command_kind::DEEP_CHECK,
             command_kind::REBOOT,
             command_kind::RUN_RANK,
             command_kind::SIGNAL_RANK,
+            command_kind::EVIDENCE,
         ),
     )
 }
@@ -340,6 +390,7 @@ fn result_of(command: &NodeCommand, ok: bool, message: impl Into<String>) -> Com
         message: message.into(),
         verdict: None,
         findings: Vec::new(),
+        evidence: None,
         finished_at_ms: unix_millis(SystemTime::now()),
     }
 }

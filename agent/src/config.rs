@@ -10,8 +10,11 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use crate::evidence::{EvidenceCommand, EvidenceConfig};
+
 use crate::checks::{
-    disk::DiskConfig, gpu::GpuConfig, host::HostConfig, kernel_log::KernelLogConfig, nic::NicConfig,
+    disk::DiskConfig, gpu::GpuConfig, host::HostConfig, kernel_log::KernelLogConfig,
+    nic::NicConfig, pcie::PcieConfig,
 };
 
 /// The whole agent configuration (`fleetmend agent --config FILE`).
@@ -139,6 +142,7 @@ pub struct ChecksConfig {
     pub gpu: GpuConfig,
     pub kernel_log: KernelLogConfig,
     pub nic: NicConfig,
+    pub pcie: PcieConfig,
     pub disk: DiskConfig,
     pub host: HostConfig,
 }
@@ -164,6 +168,8 @@ pub struct CommandsConfig {
     /// Active probes a deep check runs after the checks, one at a time in this order (they
     /// usually load the GPUs or the fabric, so never side by side).
     pub deep_check_probes: Vec<ProbeConfig>,
+    /// What an `evidence` command gathers before a disruptive repair (`[commands.evidence]`).
+    pub evidence: EvidenceConfig,
 }
 
 impl Default for CommandsConfig {
@@ -174,6 +180,7 @@ impl Default for CommandsConfig {
             reboot_timeout: Duration::from_secs(60),
             deep_check_timeout: Duration::from_secs(600),
             deep_check_probes: Vec::new(),
+            evidence: EvidenceConfig::default(),
         }
     }
 }
@@ -209,6 +216,7 @@ impl CommandsConfig {
                 problems.push(format!("{section}.{field}"), "must be greater than zero");
             }
         }
+        self.evidence.validate(&format!("{section}.evidence"), problems);
         let mut names = std::collections::BTreeSet::new();
         for (i, probe) in self.deep_check_probes.iter().enumerate() {
             let at = format!("{section}.deep_check_probes[{i}]");
@@ -447,6 +455,7 @@ impl AgentConfig {
         checks.gpu.validate("checks.gpu", &mut problems);
         checks.kernel_log.validate("checks.kernel_log", &mut problems);
         checks.nic.validate("checks.nic", &mut problems);
+        checks.pcie.validate("checks.pcie", &mut problems);
         checks.disk.validate("checks.disk", &mut problems);
         checks.host.validate("checks.host", &mut problems);
         self.commands.validate("commands", &mut problems);

@@ -5,6 +5,7 @@ pub mod checks;
 pub mod commands;
 pub mod config;
 pub mod daemon;
+pub mod evidence;
 pub mod gpu;
 pub mod metrics;
 pub mod node;

@@ -6,7 +6,7 @@
 //! (a GPU lost, an interface removed) disappears from `/metrics` with the next run.
 //!
 //! Names follow `fleetmend_<subsystem>_<what>_<unit>`, counters end in `_total`, and labels come only
-//! from bounded sets (GPU index, interface, mount, check name), never from error text.
+//! from bounded sets (GPU index, interface, PCI address, mount, check name), never from error text.
 
 use std::collections::BTreeMap;
 
@@ -185,6 +185,25 @@ pub static IB_SYMBOL_ERRORS: MetricDesc =
 pub static IB_RECEIVE_ERRORS: MetricDesc =
     counter("fleetmend_ib_receive_errors_total", "InfiniBand port receive errors.");
 
+// --- pcie -------------------------------------------------------------------------------------
+
+pub static PCIE_LINK_WIDTH: MetricDesc = gauge(
+    "fleetmend_pcie_link_width",
+    "Lanes the PCIe link of a GPU or NIC trained at, by device (PCI address) and kind (gpu, nic).",
+);
+pub static PCIE_LINK_WIDTH_MAX: MetricDesc = gauge(
+    "fleetmend_pcie_link_width_max",
+    "Most lanes the PCIe link can train at: the lower of the device's and its port's.",
+);
+pub static PCIE_LINK_SPEED: MetricDesc = gauge(
+    "fleetmend_pcie_link_speed_gts",
+    "Speed the PCIe link trained at, in GT/s per lane (idle GPUs lower it to save power).",
+);
+pub static PCIE_LINK_SPEED_MAX: MetricDesc = gauge(
+    "fleetmend_pcie_link_speed_gts_max",
+    "Highest speed the PCIe link can train at, in GT/s per lane: the lower of the device's and its port's.",
+);
+
 // --- disk -------------------------------------------------------------------------------------
 
 pub static DISK_SIZE: MetricDesc = gauge("fleetmend_disk_size_bytes", "Filesystem size.");
@@ -316,6 +335,10 @@ pub static ALL: &[&MetricDesc] = &[
     &IB_LINK_DOWNED,
     &IB_SYMBOL_ERRORS,
     &IB_RECEIVE_ERRORS,
+    &PCIE_LINK_WIDTH,
+    &PCIE_LINK_WIDTH_MAX,
+    &PCIE_LINK_SPEED,
+    &PCIE_LINK_SPEED_MAX,
     &DISK_SIZE,
     &DISK_FREE,
     &DISK_FREE_RATIO,

@@ -2,7 +2,8 @@
 //!
 //! From the vendor's public Xid catalog and DCGM's health rules (see the project's notes). The
 //! repairer's policy has the last word; this is the agent's recommendation and every entry can be
-//! overridden in config (`[checks.gpu.xid_actions]`).
+//! overridden for the gpu check's NVML events in config (`[checks.gpu.xid_actions]`); the kernel-log
+//! `xid` rule is overridden as any rule is, by a user rule of its name.
 
 use fleetmend_proto::{RecommendedAction, Status};
 
@@ -36,10 +37,29 @@ pub fn advice(xid: u32) -> XidAdvice {
         78 => (Status::Warn, Drain, "update software or firmware"),
         45 => (Status::Ok, None, "preemptive cleanup"),
         43 | 63 | 92 | 121 | 137 | 157 => (Status::Ok, None, "informational"),
-        154 => (Status::Warn, None, "recovery action changed"),
+        // Informational: it names the recovery action of another Xid, which the recovery
+        // action's own finding carries.
+        154 => (Status::Ok, None, "recovery action changed"),
+        // The line's own Fatal/Nonfatal word decides these (see `by_severity`); a line without it
+        // is a warning for a person.
+        144..=150 => (Status::Warn, None, "NVLink error"),
         _ => (Status::Warn, None, "not in the catalog"),
     };
     XidAdvice { status, action, meaning }
+}
+
+/// For the Xids whose line says itself how bad it is — the NVLink5 errors 144 to 150, printed
+/// with `Fatal` or `Nonfatal` — the status and action that word means: fatal leaves the GPU's
+/// links unusable until it is reset; non-fatal was corrected. `None` for other codes or words.
+pub fn by_severity(xid: u32, word: &str) -> Option<(Status, RecommendedAction)> {
+    if !(144..=150).contains(&xid) {
+        return Option::None;
+    }
+    match word.to_ascii_lowercase().as_str() {
+        "fatal" => Some((Status::Fail, RecommendedAction::ResetGpu)),
+        "nonfatal" | "non-fatal" => Some((Status::Warn, RecommendedAction::None)),
+        _ => Option::None,
+    }
 }
 
 /// The action named by a driver's GPU recovery action (NVML field `GPU_RECOVERY_ACTION`, or Xid 154
@@ -70,5 +90,8 @@ mod tests {
         assert_eq!(advice(9999).status, Status::Warn);
         assert_eq!(recovery_action(2).map(|r| r.1), Some(RecommendedAction::Reboot));
         assert_eq!(recovery_action(9), Option::None);
+        assert_eq!(by_severity(145, "Fatal"), Some((Status::Fail, RecommendedAction::ResetGpu)));
+        assert_eq!(by_severity(150, "Nonfatal").map(|s| s.0), Some(Status::Warn));
+        assert_eq!(by_severity(79, "Fatal"), Option::None);
     }
 }

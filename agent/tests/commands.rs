@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use fleetmend_agent::checks::{self, Mode};
 use fleetmend_agent::commands::{Commands, DEEP_CHECK, PROBE_FAILED};
-use fleetmend_agent::config::{AgentConfig, CommandsConfig, HostPaths, ProbeConfig};
+use fleetmend_agent::config::{
+    AgentConfig, CommandsConfig, EvidenceCommand, EvidenceConfig, HostPaths, ProbeConfig,
+};
 use fleetmend_agent::gpu::GpuBackendSpec;
 use fleetmend_agent::node::NodeIdentity;
 use fleetmend_agent::runner::{AgentState, CheckSlot};
@@ -103,10 +105,10 @@ async fn a_deep_check_on_the_healthy_fixture_passes_and_refreshes_the_state() {
     assert_eq!(result.kind, command_kind::DEEP_CHECK);
     assert_eq!(result.verdict, Some(Verdict::Healthy), "{result:#?}");
     assert!(result.findings.iter().all(|f| f.status != Status::Ok), "{result:#?}");
-    assert!(result.message.starts_with("healthy: 5 checks and 0 probes"), "{}", result.message);
+    assert!(result.message.starts_with("healthy: 6 checks and 0 probes"), "{}", result.message);
     // The fresh runs are the agent's state now: /metrics and the next report show them.
     let recorded: Vec<&str> = agent.state.results().iter().map(|r| r.check).collect();
-    assert_eq!(recorded, ["gpu", "kernel_log", "nic", "disk", "host"]);
+    assert_eq!(recorded, ["gpu", "kernel_log", "nic", "pcie", "disk", "host"]);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -402,4 +404,104 @@ async fn a_check_that_outlasts_the_deep_check_is_named_and_not_recorded() {
     assert!(result.ok, "{result:#?}");
     assert_eq!(result.verdict, Some(Verdict::Healthy));
     assert!(agent.state.results().is_empty(), "{:#?}", agent.state.results());
+}
+
+fn tool(name: &str, script: &str, timeout: Duration, output_file: Option<&str>) -> EvidenceCommand {
+    EvidenceCommand {
+        name: name.to_owned(),
+        argv: sh(script),
+        timeout,
+        output_file: output_file.map(str::to_owned),
+    }
+}
+
+/// An evidence bundle comes back within its budget while a long deep check runs: every item
+/// bounded (output cut to its cap, a late tool cut off with what it printed, a large output file
+/// left on the node and named, a small one sent), a tool that is not installed left out.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_evidence_bundle_is_bounded_and_never_waits_behind_a_deep_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let evidence = EvidenceConfig {
+        dir: dir.path().to_owned(),
+        output_bytes: 2048,
+        commands: vec![
+            tool(
+                "smi",
+                "echo 'GPU 00000000:03:00.0'; echo '    Product Name : H200'",
+                Duration::from_secs(10),
+                None,
+            ),
+            tool(
+                "big-report",
+                "head -c 4000 /dev/urandom > report.bin",
+                Duration::from_secs(10),
+                Some("report.bin"),
+            ),
+            tool(
+                "small-report",
+                "printf 'abc' > small.bin",
+                Duration::from_secs(10),
+                Some("small.bin"),
+            ),
+            tool("slow", "echo started; exec sleep 30", Duration::from_secs(1), None),
+            EvidenceCommand {
+                name: "absent".to_owned(),
+                argv: vec!["fleetmend-no-such-tool".to_owned()],
+                timeout: Duration::from_secs(1),
+                output_file: None,
+            },
+        ],
+        ..EvidenceConfig::default()
+    };
+    let commands = CommandsConfig {
+        deep_check_probes: vec![probe("long", &["sleep", "20"], Duration::from_secs(30))],
+        evidence,
+        ..CommandsConfig::default()
+    };
+    let agent = Agent::start("cmd-evidence", commands);
+    agent.submit("dc-1", command_kind::DEEP_CHECK);
+    let started = std::time::Instant::now();
+    agent.commands.submit(NodeCommand {
+        id: "ev-1".to_owned(),
+        kind: command_kind::EVIDENCE.to_owned(),
+        args: [("budget_ms".to_owned(), serde_json::Value::from(5_000))].into(),
+    });
+    let result = agent.result("ev-1").await;
+    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    assert!(
+        agent.commands.outbox().pending().iter().all(|r| r.id != "dc-1"),
+        "the deep check still runs"
+    );
+    assert!(result.ok, "{result:?}");
+    let bundle = result.evidence.expect("a bundle");
+    assert_eq!(bundle.node, "cmd-evidence");
+    let names: Vec<&str> = bundle.items.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["kernel-log", "findings", "smi", "big-report", "small-report", "slow"]);
+    let item = |name: &str| bundle.items.iter().find(|i| i.name == name).unwrap();
+    assert!(item("smi").content.contains("Product Name : H200"));
+    assert_eq!(item("smi").error, None);
+    let big = item("big-report");
+    assert!(big.truncated && big.content.is_empty() && big.bytes == 4000, "{big:?}");
+    let kept_at = dir.path().join("ev-1").join("report.bin");
+    assert!(big.error.as_deref().unwrap().contains(&kept_at.display().to_string()), "{big:?}");
+    assert_eq!(std::fs::metadata(&kept_at).unwrap().len(), 4000);
+    let small = item("small-report");
+    assert_eq!((small.encoding.as_str(), small.content.as_str()), ("base64", "YWJj"));
+    let slow = item("slow");
+    assert_eq!(slow.content, "started\n");
+    assert!(slow.error.as_deref().unwrap().contains("ran longer"), "{slow:?}");
+    assert!(item("findings").content.contains("\"node\": \"cmd-evidence\""));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn evidence_turned_off_answers_at_once_without_a_bundle() {
+    let commands = CommandsConfig {
+        evidence: EvidenceConfig { enabled: false, ..EvidenceConfig::default() },
+        ..CommandsConfig::default()
+    };
+    let agent = Agent::start("cmd-no-evidence", commands);
+    agent.submit("ev-1", command_kind::EVIDENCE);
+    let result = agent.result("ev-1").await;
+    assert!(!result.ok && result.evidence.is_none(), "{result:?}");
+    assert!(result.message.contains("commands.evidence.enabled"), "{}", result.message);
 }

@@ -13,7 +13,9 @@ use std::time::{Duration, SystemTime};
 use fleetmend_agent::checks::gpu::{GpuCheck, GpuConfig};
 use fleetmend_agent::checks::{Mode, Observation};
 use fleetmend_agent::config::HostPaths;
-use fleetmend_agent::gpu::{GpuBackendSpec, GpuSnapshot, dump_snapshot, parse_backend};
+use fleetmend_agent::gpu::{
+    ClockEventReason, GpuBackendSpec, GpuSnapshot, dump_snapshot, parse_backend,
+};
 use fleetmend_agent::metrics;
 use fleetmend_proto::{RecommendedAction, Status};
 use support::{assert_finding, build_context, find, fixture, not_ok, run_at};
@@ -202,6 +204,10 @@ fn missing_gpu_warns_first_then_fails_after_the_debounce() {
             assert_eq!((count.status, count.action), expected, "run {run}");
             assert!(count.message.contains("7 of 8"), "{}", count.message);
         }
+        // No Xid explains the missing GPU: the count alone fails, nothing else.
+        let failing: Vec<&str> = not_ok(&out).iter().map(|f| f.finding.as_str()).collect();
+        assert_eq!(failing, ["gpu_count"], "run {run}");
+        assert!(out.findings.iter().any(|f| f.finding == "xid"), "{:#?}", out.findings);
     }
 }
 
@@ -257,6 +263,116 @@ fn nvlink_down_and_nvlink_errors() {
         ),
         "{text}"
     );
+}
+
+#[test]
+fn nvlinks_fewer_than_expected_are_down_even_when_the_driver_does_not_list_them() {
+    let (dir, mut snapshot) = scratch_copy("healthy");
+    let expecting = GpuConfig { expected_nvlinks: Some(18), ..config(dir.path()) };
+    let mut node = Node::new(&expecting, dir.path());
+    let out = node.run();
+    assert!(not_ok(&out).is_empty(), "{:#?}", not_ok(&out));
+    let down = find(&out, "nvlink_down", "2");
+    assert_eq!(down.message, "18 of 18 expected NVLink links active");
+    assert_eq!(down.value, Some(0.0));
+
+    // GPU 2 lists 16 links (two trained so badly the driver stopped listing them) and GPU 5 none.
+    snapshot.gpus[2].nvlinks.truncate(16);
+    snapshot.gpus[5].nvlinks.clear();
+    rewrite(dir.path(), &snapshot);
+    let out = node.run_after(Duration::from_secs(10));
+    let down = find(&out, "nvlink_down", "2");
+    assert_finding(down, Status::Fail, RecommendedAction::ResetGpu);
+    assert_eq!(down.message, "16 of 18 expected NVLink links active; 2 not listed by the driver");
+    assert_eq!(down.value, Some(2.0));
+    let none = find(&out, "nvlink_down", "5");
+    assert_finding(none, Status::Fail, RecommendedAction::ResetGpu);
+    assert!(none.message.starts_with("0 of 18 expected"), "{}", none.message);
+
+    // Without expected_nvlinks, a GPU that lists fewer links is not judged by the count.
+    let mut plain = Node::new(&config(dir.path()), dir.path());
+    let out = plain.run();
+    assert!(not_ok(&out).is_empty(), "{:#?}", not_ok(&out));
+}
+
+#[test]
+fn expected_nvlinks_name_the_inactive_links_and_skip_lost_gpus() {
+    let dir = fixture("gpu_nvlink_errors");
+    let expecting = GpuConfig { expected_nvlinks: Some(18), ..config(&dir) };
+    let out = Node::new(&expecting, &dir).run();
+    let down = find(&out, "nvlink_down", "1");
+    assert_finding(down, Status::Fail, RecommendedAction::ResetGpu);
+    assert_eq!(down.message, "17 of 18 expected NVLink links active; inactive: 7");
+    assert_eq!(down.labels["links"], "7");
+
+    // A lost GPU lists no links: gpu_access reports it, not nvlink_down.
+    let dir = fixture("gpu_xid79");
+    let expecting = GpuConfig { expected_nvlinks: Some(18), ..config(&dir) };
+    let out = Node::new(&expecting, &dir).run();
+    assert!(out.findings.iter().all(|f| !(f.finding == "nvlink_down" && f.subject == "3")));
+    let failing: Vec<&str> = not_ok(&out).iter().map(|f| f.finding.as_str()).collect();
+    assert_eq!(failing, ["gpu_access", "xid"]);
+}
+
+#[test]
+fn a_sustained_hardware_slowdown_fails_with_drain_and_power_capping_does_not() {
+    let (dir, mut snapshot) = scratch_copy("healthy");
+    let mut node = Node::new(&config(dir.path()), dir.path());
+    assert_eq!(find(&node.run(), "throttle", "3").status, Status::Ok);
+
+    snapshot.gpus[3].clock_event_reasons =
+        Some(vec![ClockEventReason::HwSlowdown, ClockEventReason::HwThermalSlowdown]);
+    rewrite(dir.path(), &snapshot);
+    for run in 1..=2 {
+        let out = node.run_after(Duration::from_secs(10));
+        let throttle = find(&out, "throttle", "3");
+        assert_finding(throttle, Status::Warn, RecommendedAction::None);
+        assert!(throttle.message.contains(&format!("{run} of 3 runs")), "{}", throttle.message);
+        assert!(throttle.message.contains("hw_thermal_slowdown"), "{}", throttle.message);
+    }
+    let out = node.run_after(Duration::from_secs(10));
+    let throttle = find(&out, "throttle", "3");
+    assert_finding(throttle, Status::Fail, RecommendedAction::Drain);
+    assert!(
+        throttle.message.contains("hw_slowdown, hw_thermal_slowdown on 3 runs in a row (for 20s)"),
+        "{}",
+        throttle.message
+    );
+    assert_eq!(throttle.value, Some(3.0));
+    assert_eq!(throttle.labels["pci"], "00000000:5d:00.0");
+    assert!(not_ok(&out).iter().all(|f| f.subject == "3"), "{:#?}", not_ok(&out));
+
+    // Software power capping is a setting, not a fault: ok, and the streak ends.
+    snapshot.gpus[3].clock_event_reasons = Some(vec![ClockEventReason::SwPowerCap]);
+    rewrite(dir.path(), &snapshot);
+    let out = node.run_after(Duration::from_secs(10));
+    assert_eq!(find(&out, "throttle", "3").status, Status::Ok);
+    snapshot.gpus[3].clock_event_reasons = Some(vec![ClockEventReason::HwPowerBrakeSlowdown]);
+    rewrite(dir.path(), &snapshot);
+    let out = node.run_after(Duration::from_secs(10));
+    let throttle = find(&out, "throttle", "3");
+    assert_finding(throttle, Status::Warn, RecommendedAction::None);
+    assert!(throttle.message.contains("1 of 3 runs"), "{}", throttle.message);
+}
+
+#[test]
+fn throttle_sustained_runs_and_expected_nvlinks_come_from_toml() {
+    let config = fleetmend_agent::config::AgentConfig::parse(
+        "[checks.gpu]\nexpected_nvlinks = 18\nthrottle_sustained_runs = 5\n",
+    )
+    .unwrap();
+    assert!(config.validate().is_empty(), "{}", config.validate());
+    assert_eq!(config.checks.gpu.expected_nvlinks, Some(18));
+    assert_eq!(config.checks.gpu.throttle_sustained_runs, 5);
+    let defaults = GpuConfig::default();
+    assert_eq!((defaults.expected_nvlinks, defaults.throttle_sustained_runs), (None, 3));
+    let bad = fleetmend_agent::config::AgentConfig::parse(
+        "[checks.gpu]\nexpected_nvlinks = 0\nthrottle_sustained_runs = 0\n",
+    )
+    .unwrap();
+    let problems = bad.validate();
+    assert!(problems.names("checks.gpu.expected_nvlinks"), "{problems}");
+    assert!(problems.names("checks.gpu.throttle_sustained_runs"), "{problems}");
 }
 
 #[test]

@@ -12,7 +12,9 @@ use fleetmend_agent::checks::{Mode, Observation};
 use fleetmend_agent::config::HostPaths;
 use fleetmend_agent::metrics;
 use fleetmend_proto::{RecommendedAction, Status};
-use support::{assert_finding, build_context, find, fixture, not_ok, run, run_at, sample};
+use support::{
+    assert_finding, build_context, copy_case, find, fixture, not_ok, run, run_at, sample,
+};
 
 fn build(config: &NicConfig, paths: &HostPaths) -> NicCheck {
     NicCheck::new(config, build_context(paths, Mode::Daemon))
@@ -21,25 +23,6 @@ fn build(config: &NicConfig, paths: &HostPaths) -> NicCheck {
 fn once(case: &str, config: &NicConfig) -> Observation {
     let paths = HostPaths::tree(&fixture(case));
     run(&mut build(config, &paths), &paths)
-}
-
-/// A writable copy of a fixture case.
-fn copy_case(case: &str) -> tempfile::TempDir {
-    fn copy(from: &Path, to: &Path) {
-        std::fs::create_dir_all(to).unwrap();
-        for entry in std::fs::read_dir(from).unwrap() {
-            let entry = entry.unwrap();
-            let target = to.join(entry.file_name());
-            if entry.file_type().unwrap().is_dir() {
-                copy(&entry.path(), &target);
-            } else {
-                std::fs::copy(entry.path(), &target).unwrap();
-            }
-        }
-    }
-    let dir = tempfile::tempdir().unwrap();
-    copy(&fixture(case), dir.path());
-    dir
 }
 
 #[test]
@@ -172,6 +155,105 @@ fn error_rates_warn() {
     assert_eq!(find(&obs, "nic_errors", "eth0").status, Status::Ok);
 }
 
+/// A copy of the healthy case and a check on it: (dir, paths, check, counters dir of mlx5_0/1).
+fn ib_case() -> (tempfile::TempDir, HostPaths, NicCheck, std::path::PathBuf) {
+    let dir = copy_case("healthy");
+    let paths = HostPaths::tree(dir.path());
+    let check = build(&NicConfig::default(), &paths);
+    let counters = dir.path().join("sys/class/infiniband/mlx5_0/ports/1/counters");
+    (dir, paths, check, counters)
+}
+
+#[test]
+fn ib_link_downed_warns_after_a_rise_for_the_window_then_clears() {
+    let (_dir, paths, mut check, counters) = ib_case();
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let obs = run_at(&mut check, &paths, t0);
+    assert_eq!(find(&obs, "ib_link_downed", "mlx5_0/1").status, Status::Ok);
+
+    std::fs::write(counters.join("link_downed"), "2\n").unwrap();
+    let obs = run_at(&mut check, &paths, t0 + Duration::from_secs(10));
+    let downed = find(&obs, "ib_link_downed", "mlx5_0/1");
+    assert_finding(downed, Status::Warn, RecommendedAction::None);
+    assert!(
+        downed.message.contains("went down 2 time(s) since the last read"),
+        "{}",
+        downed.message
+    );
+    assert_eq!(downed.value, Some(2.0));
+    // The port is up again: only the drop is reported.
+    assert_eq!(find(&obs, "ib_port_down", "mlx5_0/1").status, Status::Ok);
+
+    // No further rise: still warning within 15 minutes of the rise, ok after.
+    let obs = run_at(&mut check, &paths, t0 + Duration::from_secs(10 + 14 * 60));
+    let downed = find(&obs, "ib_link_downed", "mlx5_0/1");
+    assert_eq!(downed.status, Status::Warn);
+    assert!(downed.message.contains("14m ago"), "{}", downed.message);
+    let obs = run_at(&mut check, &paths, t0 + Duration::from_secs(10 + 15 * 60));
+    assert_eq!(find(&obs, "ib_link_downed", "mlx5_0/1").status, Status::Ok);
+
+    // A counter that went back (driver reload) is a new baseline, not a drop.
+    std::fs::write(counters.join("link_downed"), "0\n").unwrap();
+    let obs = run_at(&mut check, &paths, t0 + Duration::from_secs(20 * 60));
+    assert_eq!(find(&obs, "ib_link_downed", "mlx5_0/1").status, Status::Ok);
+}
+
+#[test]
+fn ib_symbol_errors_are_judged_per_hour_not_by_their_total() {
+    let (_dir, paths, mut check, counters) = ib_case();
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let minutes = |m: u64| t0 + Duration::from_secs(m * 60);
+    // Thousands from before the agent looked are the baseline.
+    std::fs::write(counters.join("symbol_error"), "4000\n").unwrap();
+    let obs = run_at(&mut check, &paths, t0);
+    assert_eq!(find(&obs, "ib_symbol_errors", "mlx5_0/1").status, Status::Ok);
+
+    std::fs::write(counters.join("symbol_error"), "4005\n").unwrap();
+    let obs = run_at(&mut check, &paths, minutes(30));
+    let symbols = find(&obs, "ib_symbol_errors", "mlx5_0/1");
+    assert_eq!((symbols.status, symbols.value), (Status::Ok, Some(5.0)), "{symbols:#?}");
+    let obs = run_at(&mut check, &paths, minutes(60));
+    assert_eq!(find(&obs, "ib_symbol_errors", "mlx5_0/1").status, Status::Ok);
+
+    std::fs::write(counters.join("symbol_error"), "4105\n").unwrap();
+    let obs = run_at(&mut check, &paths, minutes(120));
+    let symbols = find(&obs, "ib_symbol_errors", "mlx5_0/1");
+    assert_finding(symbols, Status::Warn, RecommendedAction::None);
+    assert_eq!(symbols.value, Some(100.0), "the 5 of the first hour are out of the window");
+    assert!(
+        symbols.message.contains("100 symbol error(s) within the last hour"),
+        "{}",
+        symbols.message
+    );
+
+    // An hour without new errors clears it.
+    let obs = run_at(&mut check, &paths, minutes(181));
+    assert_eq!(find(&obs, "ib_symbol_errors", "mlx5_0/1").status, Status::Ok);
+}
+
+#[test]
+fn ib_receive_errors_are_a_rate_and_a_reset_is_not_one() {
+    let (_dir, paths, mut check, counters) = ib_case();
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let seconds = |s: u64| t0 + Duration::from_secs(s);
+    std::fs::write(counters.join("port_rcv_errors"), "1000\n").unwrap();
+    let obs = run_at(&mut check, &paths, t0);
+    assert_eq!(find(&obs, "ib_receive_errors", "mlx5_0/1").status, Status::Ok);
+
+    std::fs::write(counters.join("port_rcv_errors"), "1050\n").unwrap();
+    let obs = run_at(&mut check, &paths, seconds(10));
+    let receive = find(&obs, "ib_receive_errors", "mlx5_0/1");
+    assert_finding(receive, Status::Warn, RecommendedAction::None);
+    assert_eq!(receive.value, Some(5.0));
+
+    let obs = run_at(&mut check, &paths, seconds(20));
+    assert_eq!(find(&obs, "ib_receive_errors", "mlx5_0/1").status, Status::Ok);
+    std::fs::write(counters.join("port_rcv_errors"), "3\n").unwrap();
+    let obs = run_at(&mut check, &paths, seconds(30));
+    let receive = find(&obs, "ib_receive_errors", "mlx5_0/1");
+    assert_eq!((receive.status, receive.value), (Status::Ok, None), "{receive:#?}");
+}
+
 #[test]
 fn ib_port_down_fails_with_drain() {
     let obs = once("ib_port_down", &NicConfig::default());
@@ -261,22 +343,38 @@ max_drops_per_second = 50
 required_ib = ["mlx5_0/1", "mlx5_1"]
 ib_flap_window = "1h"
 ib_flap_max = 2
+ib_link_downed_window = "30m"
+ib_symbol_errors_warn_per_hour = 50
+ib_receive_errors_warn_per_second = 0.5
 "#,
     )
     .unwrap();
     assert!(config.validate().is_empty(), "{}", config.validate());
     assert_eq!(config.checks.nic.flap_window, Duration::from_secs(12 * 3600));
     assert_eq!(config.checks.nic.expected_speed_mbps.get("eth0"), Some(&100_000));
+    assert_eq!(config.checks.nic.ib_link_downed_window, Duration::from_secs(30 * 60));
+    assert_eq!(config.checks.nic.ib_symbol_errors_warn_per_hour, 50.0);
+    let defaults = NicConfig::default();
+    assert_eq!(defaults.ib_link_downed_window, Duration::from_secs(15 * 60));
+    assert_eq!(defaults.ib_symbol_errors_warn_per_hour, 10.0);
+    assert_eq!(defaults.ib_receive_errors_warn_per_second, 1.0);
 
     let bad = fleetmend_agent::config::AgentConfig::parse(
-        "[checks.nic]\nignore = \"(\"\nflap_window = \"0s\"\nrequired_ib = [\"mlx5_0/x\"]\n",
+        "[checks.nic]\nignore = \"(\"\nflap_window = \"0s\"\nrequired_ib = [\"mlx5_0/x\"]\n\
+         ib_link_downed_window = \"0s\"\nib_symbol_errors_warn_per_hour = -1\n",
     )
     .unwrap();
     let problems = bad.validate();
     let fields: Vec<&str> = problems.0.iter().map(|p| p.field.as_str()).collect();
     assert_eq!(
         fields,
-        ["checks.nic.ignore", "checks.nic.flap_window", "checks.nic.required_ib[0]"],
+        [
+            "checks.nic.ignore",
+            "checks.nic.flap_window",
+            "checks.nic.ib_link_downed_window",
+            "checks.nic.ib_symbol_errors_warn_per_hour",
+            "checks.nic.required_ib[0]"
+        ],
         "{problems}"
     );
 }

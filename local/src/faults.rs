@@ -6,10 +6,19 @@
 //! | fault | what is written | what the agent reports |
 //! |---|---|---|
 //! | `gpu-xid:N` | the NVRM Xid line in the kernel log for GPU 3; in `gpu.json` the Xid counted, and for 79 the GPU lost, for 48 the ECC error, the pending row remap and the driver's reset advice | `xid` from the catalog (79: fail, reboot; 48: fail, reset-gpu), at once |
-//! | `gpu-missing` | GPU 7 gone from `gpu.json`; the driver's init failure in the kernel log | `gpu_count` fail, reboot |
+//! | `gpu-missing` | GPU 7 gone from `gpu.json`; the driver's init failure in the kernel log | `gpu_count` and `gpu_init_failed` fail, reboot |
 //! | `row-remap-failure` | GPU 3's row remapping failed (no spare rows) in `gpu.json` | `row_remap` fail, replace |
 //! | `nvlink-down` | GPU 3's NVLink 4 inactive in `gpu.json` | `nvlink_down` fail, reset-gpu |
 //! | `nic-down` | eth0's `operstate` down, `carrier` 0, a carrier change; "Link is Down" in the kernel log | `nic_down` fail, drain |
+//! | `ib-port-down` | InfiniBand port mlx5_0/1 `state` 1: DOWN, `phys_state` 2: Polling (no link partner), `link_downed` counted; its IPoIB interface ib0 loses carrier | `ib_port_down` and `nic_down` fail, drain |
+//! | `pcie-downtrained` | GPU 3's PCIe link trained at x8 of its x16 in `gpu.json` (NVML's current and max link width) | `pcie_link` fail, reboot |
+//! | `gpu-throttle` | GPU 3 held down by the hardware in `gpu.json`: clock event reasons `hw_slowdown` and `hw_thermal_slowdown` active, 94 °C, its SM clock at 1095 MHz | `throttle` warn, and fail, drain once sustained (from the first run in the local fleet) |
+//! | `nvswitch-fatal` | NVSwitch 2's fatal SXid in the kernel log, as the NVSwitch driver prints it, with its severity line | `nvswitch_fatal` fail, reboot |
+//! | `mlx5-health` | the mlx5 driver's health poller giving up on adapter 0000:0c:00.0 in the kernel log (miss count reached, unrecoverable hardware error) | `nic_health` fail, reboot |
+//! | `nic-pcie-downtrained` | the mlx5 NIC 0000:0c:00.0's `current_link_speed` at 8.0 GT/s (Gen3) under its 32.0 GT/s maximum in `sys/bus/pci/devices` | `pcie_speed` fail, reboot |
+//! | `gpu-lost` | GPU 3 gone from `gpu.json`; the driver's three-line probe message "The NVIDIA GPU ... has fallen off the bus" (one kmsg record), no Xid | `gpu_fallen_off_bus` and `gpu_count` fail, reboot |
+//! | `xid-burst` | five incidents of Xid 13 on GPU 3's GPC 1, TPC 2, two seconds apart, two lines each | `xid_burst` fail, reboot (each `xid` warn, restart-app) |
+//! | `gsp-timeout` | GPU 3's Xid 119 (GSP RPC timeout), the RPC buffer line and "The GPU likely needs to be reset."; in `gpu.json` Xid 119 counted | `gpu_needs_reset` and `xid` fail, reset-gpu |
 //! | `disk-full` | a 1 MiB tmpfs mounted on `root/scratch` and filled (root only); the mount table shows it | `disk_full` fail, drain |
 //! | `disk-readonly` | `/scratch` remounted `ro` in `proc/mounts` | `disk_readonly` fail, reboot |
 //! | `kernel-mce` | a machine check in the kernel log | `mce` warn |
@@ -43,8 +52,20 @@ pub const MISSING_GPU: u32 = 7;
 pub const DOWN_NVLINK: u32 = 4;
 /// The interface that `nic-down` takes down.
 pub const DOWN_NIC: &str = "eth0";
+/// The InfiniBand device and port that `ib-port-down` takes down, and its IPoIB interface.
+pub const DOWN_IB: (&str, u32, &str) = ("mlx5_0", 1, "ib0");
 /// The mount that `disk-full` fills and `disk-readonly` makes read-only.
 pub const FAULTY_MOUNT: &str = "/scratch";
+/// The NIC (its PCI address) whose link `nic-pcie-downtrained` trains slower.
+pub const DOWNTRAINED_NIC: &str = "0000:0c:00.0";
+/// The fatal SXid `nvswitch-fatal` writes, and the severity line the driver prints after it.
+const NVSWITCH_FATAL: &str =
+    "nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 11001, Fatal, Link 22 ingress invalid command";
+const NVSWITCH_SEVERITY: &str = "nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 11001, Severity 5 Engine instance 22 Sub-engine instance 00";
+/// The mlx5 health poller's lines `mlx5-health` writes (the adapter of eth0).
+const MLX5_MISS_COUNT: &str = "mlx5_core 0000:0c:00.0: poll_health:852:(pid 0): device's health compromised - reached miss count";
+const MLX5_SYNDROME: &str =
+    "mlx5_core 0000:0c:00.0: print_health_info:458:(pid 0): synd 0x8: unrecoverable hardware error";
 /// The size of the tmpfs `disk-full` mounts.
 const FULL_TMPFS_OPTIONS: &str = "size=1m,mode=0755";
 /// How long `agent-kill` waits for the killed agent to be gone (or a zombie for its parent).
@@ -64,6 +85,26 @@ pub enum Fault {
     NvlinkDown,
     /// Interface [`DOWN_NIC`] lost its link.
     NicDown,
+    /// InfiniBand port [`DOWN_IB`] lost its link.
+    IbPortDown,
+    /// GPU [`FAULTY_GPU`]'s PCIe link trained narrower than it can.
+    PcieDowntrained,
+    /// GPU [`FAULTY_GPU`] slowed down by the hardware (thermal slowdown).
+    GpuThrottle,
+    /// A fatal NVSwitch error (SXid).
+    NvswitchFatal,
+    /// The NIC's firmware stopped answering the mlx5 driver's health poll.
+    Mlx5Health,
+    /// NIC [`DOWNTRAINED_NIC`]'s PCIe link trained at Gen3 where it can run Gen5 (sysfs).
+    NicPcieDowntrained,
+    /// GPU [`FAULTY_GPU`] fell off the bus with no Xid: the driver's three-line probe message, and
+    /// the GPU gone from NVML.
+    GpuLost,
+    /// Xid 13 on the same GPC and TPC of GPU [`FAULTY_GPU`], five incidents over eight seconds.
+    XidBurst,
+    /// GPU [`FAULTY_GPU`]'s GSP firmware stopped answering: Xid 119 and the driver's "The GPU
+    /// likely needs to be reset."
+    GspTimeout,
     /// [`FAULTY_MOUNT`] is full.
     DiskFull,
     /// [`FAULTY_MOUNT`] was remounted read-only.
@@ -75,12 +116,21 @@ pub enum Fault {
 }
 
 /// Every fault name, as `fleetmend inject` takes them.
-pub const FAULT_NAMES: [&str; 9] = [
+pub const FAULT_NAMES: [&str; 18] = [
     "gpu-xid:N",
     "gpu-missing",
     "row-remap-failure",
     "nvlink-down",
     "nic-down",
+    "ib-port-down",
+    "pcie-downtrained",
+    "gpu-throttle",
+    "nvswitch-fatal",
+    "mlx5-health",
+    "nic-pcie-downtrained",
+    "gpu-lost",
+    "xid-burst",
+    "gsp-timeout",
     "disk-full",
     "disk-readonly",
     "kernel-mce",
@@ -99,13 +149,26 @@ impl Fault {
     /// What the node's agent reports once the fault is written: (check, finding) pairs. Empty for
     /// `agent-kill`: the node goes silent, which the repairer sees, not the agent.
     pub fn agent_findings(&self) -> &'static [(&'static str, &'static str)] {
-        use fleetmend_agent::checks::{disk, gpu, kernel_log, nic};
+        use fleetmend_agent::checks::{disk, gpu, kernel_log, nic, pcie};
         match self {
             Fault::GpuXid(_) => &[(gpu::NAME, "xid"), (kernel_log::NAME, "xid")],
-            Fault::GpuMissing => &[(gpu::NAME, "gpu_count")],
+            Fault::GpuMissing => &[(gpu::NAME, "gpu_count"), (kernel_log::NAME, "gpu_init_failed")],
             Fault::RowRemapFailure => &[(gpu::NAME, "row_remap")],
             Fault::NvlinkDown => &[(gpu::NAME, "nvlink_down")],
             Fault::NicDown => &[(nic::NAME, "nic_down"), (kernel_log::NAME, "link_down")],
+            Fault::IbPortDown => &[(nic::NAME, "ib_port_down"), (nic::NAME, "nic_down")],
+            Fault::PcieDowntrained => &[(gpu::NAME, "pcie_link")],
+            Fault::GpuThrottle => &[(gpu::NAME, "throttle")],
+            Fault::NvswitchFatal => &[(kernel_log::NAME, "nvswitch_fatal")],
+            Fault::Mlx5Health => &[(kernel_log::NAME, "nic_health")],
+            Fault::NicPcieDowntrained => &[(pcie::NAME, "pcie_speed")],
+            Fault::GpuLost => &[(kernel_log::NAME, "gpu_fallen_off_bus"), (gpu::NAME, "gpu_count")],
+            Fault::XidBurst => &[(kernel_log::NAME, "xid_burst"), (kernel_log::NAME, "xid")],
+            Fault::GspTimeout => &[
+                (kernel_log::NAME, "gpu_needs_reset"),
+                (kernel_log::NAME, "xid"),
+                (gpu::NAME, "xid"),
+            ],
             Fault::DiskFull => &[(disk::NAME, "disk_full")],
             Fault::DiskReadonly => &[(disk::NAME, "disk_readonly")],
             Fault::KernelMce => &[(kernel_log::NAME, "mce")],
@@ -143,6 +206,32 @@ impl Fault {
             Fault::NicDown => format!(
                 "sysfs: {DOWN_NIC} operstate down, carrier 0; kernel log: {DOWN_NIC} Link is Down"
             ),
+            Fault::IbPortDown => {
+                let (device, port, netdev) = DOWN_IB;
+                format!(
+                    "sysfs: InfiniBand {device}/{port} state 1: DOWN, phys_state 2: Polling, link_downed counted; {netdev} carrier 0"
+                )
+            }
+            Fault::GpuThrottle => format!(
+                "gpu.json: GPU {FAULTY_GPU} clock event reasons hw_slowdown, hw_thermal_slowdown; 94 °C; SM clock 1095 MHz"
+            ),
+            Fault::PcieDowntrained => {
+                format!("gpu.json: GPU {FAULTY_GPU} PCIe link width x8 of x16")
+            }
+            Fault::NvswitchFatal => format!("kernel log: {NVSWITCH_FATAL}"),
+            Fault::Mlx5Health => format!("kernel log: {MLX5_MISS_COUNT}"),
+            Fault::NicPcieDowntrained => format!(
+                "sysfs: NIC {DOWNTRAINED_NIC}'s current_link_speed 8.0 GT/s PCIe (Gen3) of its 32.0 GT/s (Gen5)"
+            ),
+            Fault::GpuLost => format!(
+                "gpu.json: GPU {FAULTY_GPU} no longer enumerates; kernel log: NVRM's three-line \"has fallen off the bus\" probe message, no Xid"
+            ),
+            Fault::XidBurst => format!(
+                "kernel log: Xid 13 on GPU {FAULTY_GPU}, GPC 1, TPC 2, five incidents over 8 s"
+            ),
+            Fault::GspTimeout => format!(
+                "kernel log: Xid 119 (GSP RPC timeout) on GPU {FAULTY_GPU} and \"The GPU likely needs to be reset.\"; gpu.json: Xid 119 counted"
+            ),
             Fault::DiskFull => format!(
                 "a 1 MiB tmpfs mounted on {FAULTY_MOUNT} under the tree's root and filled; proc/mounts shows it"
             ),
@@ -161,6 +250,15 @@ impl fmt::Display for Fault {
             Fault::RowRemapFailure => f.write_str("row-remap-failure"),
             Fault::NvlinkDown => f.write_str("nvlink-down"),
             Fault::NicDown => f.write_str("nic-down"),
+            Fault::IbPortDown => f.write_str("ib-port-down"),
+            Fault::PcieDowntrained => f.write_str("pcie-downtrained"),
+            Fault::GpuThrottle => f.write_str("gpu-throttle"),
+            Fault::NvswitchFatal => f.write_str("nvswitch-fatal"),
+            Fault::Mlx5Health => f.write_str("mlx5-health"),
+            Fault::NicPcieDowntrained => f.write_str("nic-pcie-downtrained"),
+            Fault::GpuLost => f.write_str("gpu-lost"),
+            Fault::XidBurst => f.write_str("xid-burst"),
+            Fault::GspTimeout => f.write_str("gsp-timeout"),
             Fault::DiskFull => f.write_str("disk-full"),
             Fault::DiskReadonly => f.write_str("disk-readonly"),
             Fault::KernelMce => f.write_str("kernel-mce"),
@@ -196,6 +294,15 @@ impl FromStr for Fault {
             "row-remap-failure" => Fault::RowRemapFailure,
             "nvlink-down" => Fault::NvlinkDown,
             "nic-down" => Fault::NicDown,
+            "ib-port-down" => Fault::IbPortDown,
+            "pcie-downtrained" => Fault::PcieDowntrained,
+            "gpu-throttle" => Fault::GpuThrottle,
+            "nvswitch-fatal" => Fault::NvswitchFatal,
+            "mlx5-health" => Fault::Mlx5Health,
+            "nic-pcie-downtrained" => Fault::NicPcieDowntrained,
+            "gpu-lost" => Fault::GpuLost,
+            "xid-burst" => Fault::XidBurst,
+            "gsp-timeout" => Fault::GspTimeout,
             "disk-full" => Fault::DiskFull,
             "disk-readonly" => Fault::DiskReadonly,
             "kernel-mce" => Fault::KernelMce,
@@ -404,6 +511,23 @@ pub(crate) fn apply(tree: &NodeTree, meta: &TreeMeta, fault: &Fault) -> Result<(
             }
         }),
         Fault::NicDown => nic_down(tree, meta),
+        Fault::IbPortDown => ib_port_down(tree),
+        Fault::NvswitchFatal => tree
+            .append_kmsg(meta, &[(3, NVSWITCH_FATAL.to_owned()), (3, NVSWITCH_SEVERITY.to_owned())])
+            .map_err(InjectError::from),
+        Fault::Mlx5Health => tree
+            .append_kmsg(meta, &[(3, MLX5_MISS_COUNT.to_owned()), (3, MLX5_SYNDROME.to_owned())])
+            .map_err(InjectError::from),
+        Fault::PcieDowntrained => edit_gpu(tree, FAULTY_GPU, |gpu| {
+            gpu.pcie_link_width_max = Some(gpu.pcie_link_width_max.unwrap_or(16).max(16));
+            gpu.pcie_link_width = Some(8);
+        }),
+        Fault::GpuThrottle => edit_gpu(tree, FAULTY_GPU, |gpu| {
+            use fleetmend_agent::gpu::ClockEventReason::{HwSlowdown, HwThermalSlowdown};
+            gpu.clock_event_reasons = Some(vec![HwSlowdown, HwThermalSlowdown]);
+            gpu.temperature_celsius = Some(94);
+            gpu.sm_clock_mhz = Some(1095);
+        }),
         Fault::DiskFull => disk_full(tree),
         Fault::DiskReadonly => edit_mount_line(tree, FAULTY_MOUNT, |fields| {
             let options: Vec<&str> =
@@ -423,8 +547,78 @@ pub(crate) fn apply(tree: &NodeTree, meta: &TreeMeta, fault: &Fault) -> Result<(
                 ],
             )
             .map_err(InjectError::from),
+        Fault::NicPcieDowntrained => {
+            let path = tree.dir().join("sys/bus/pci/devices").join(DOWNTRAINED_NIC);
+            tree::write_atomic(&path.join("current_link_speed"), b"8.0 GT/s PCIe\n")
+                .map_err(InjectError::from)
+        }
+        Fault::GpuLost => gpu_lost(tree, meta),
+        Fault::XidBurst => xid_burst(tree, meta),
+        Fault::GspTimeout => gsp_timeout(tree, meta),
         Fault::AgentKill => Err(InjectError::NotATreeFault),
     }
+}
+
+/// The kernel-log address of GPU [`FAULTY_GPU`] (`0000:5d:00`, or with its function).
+fn faulty_gpu_pci(tree: &NodeTree, with_function: bool) -> Result<String, InjectError> {
+    let mut pci = None;
+    edit_gpu(tree, FAULTY_GPU, |gpu| pci = gpu.pci_bus_id.clone())?;
+    Ok(pci.map_or_else(|| "0000:5d:00.0".to_owned(), |pci| kernel_pci(&pci, true)))
+        .map(|pci| if with_function { pci } else { kernel_pci(&pci, false) })
+}
+
+/// What the driver prints when it probes a GPU that is off the bus (osapi.c,
+/// `rm_is_supported_device`): one record of three lines, no Xid; NVML then lists the GPU no more.
+fn gpu_lost(tree: &NodeTree, meta: &TreeMeta) -> Result<(), InjectError> {
+    let pci = faulty_gpu_pci(tree, true)?;
+    edit_gpus(tree, |snapshot| snapshot.gpus.retain(|gpu| gpu.index != FAULTY_GPU))?;
+    // /dev/kmsg escapes the record's newlines as \x0a.
+    let message = format!(
+        "NVRM: The NVIDIA GPU {pci}\\x0aNVRM: (PCI ID: 10de:2330) installed in this system has\\x0aNVRM: fallen off the bus and is not responding to commands."
+    );
+    tree.append_kmsg(
+        meta,
+        &[(3, message), (3, "NVRM: The NVIDIA probe routine failed for 1 device(s).".to_owned())],
+    )
+    .map_err(InjectError::from)
+}
+
+/// Five incidents of Xid 13 on one GPC and TPC, two seconds apart, each printing its two lines
+/// at once (the pattern NVIDIA's catalog calls a hardware fault).
+fn xid_burst(tree: &NodeTree, meta: &TreeMeta) -> Result<(), InjectError> {
+    let pci = faulty_gpu_pci(tree, false)?;
+    let mut lines = Vec::new();
+    for incident in (0..5u64).rev() {
+        let ago = Duration::from_secs(incident * 2);
+        for what in ["Warp Exception", "Global Exception"] {
+            lines.push((
+                4,
+                ago,
+                format!(
+                    "NVRM: Xid (PCI:{pci}): 13, pid=4242, name=python3, Graphics SM {what} on (GPC 1, TPC 2, SM 0): Out Of Range Address"
+                ),
+            ));
+        }
+    }
+    tree.append_kmsg_ago(meta, &lines).map_err(InjectError::from)
+}
+
+/// A GSP RPC timeout as drivers since 550 print it, and the driver's verdict on the GPU.
+fn gsp_timeout(tree: &NodeTree, meta: &TreeMeta) -> Result<(), InjectError> {
+    let pci = faulty_gpu_pci(tree, false)?;
+    edit_gpu(tree, FAULTY_GPU, |gpu| *gpu.xid_counts.entry(119).or_insert(0) += 1)?;
+    let lines = [
+        format!(
+            "NVRM: Xid (PCI:{pci}): 119, pid=123417, name=nv-hostengine, Timeout after 6s of waiting for RPC response from GPU{FAULTY_GPU} GSP! Expected function 10 (FREE) (0xc0000005 0x0)."
+        ),
+        format!(
+            "NVRM: GPU{FAULTY_GPU} GSP RPC buffer contains function 10 (FREE) and data 0x00000000c0000005 0x0000000000000000."
+        ),
+        format!(
+            "NVRM: Rate limiting GSP RPC error prints for GPU at PCI:{pci} (printing 1 of every 30).  The GPU likely needs to be reset."
+        ),
+    ];
+    tree.append_kmsg(meta, &lines.map(|line| (4, line))).map_err(InjectError::from)
 }
 
 /// The PCI address as the kernel log prints it: NVML's `00000000:5d:00.0` as `0000:5d:00` (Xid
@@ -484,6 +678,10 @@ fn gpu_xid(tree: &NodeTree, meta: &TreeMeta, code: u32) -> Result<(), InjectErro
         48 => format!(
             "NVRM: Xid (PCI:{pci}): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0."
         ),
+        // NVLink5 errors as GB200 drivers print them: no pid, the word says how bad.
+        144..=150 => format!(
+            "NVRM: Xid (PCI:{pci}): {code}, NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x026001c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)"
+        ),
         _ => format!(
             "NVRM: Xid (PCI:{pci}): {code}, pid='<unknown>', name=<unknown>, {}",
             fleetmend_agent::xid::advice(code).meaning
@@ -516,6 +714,33 @@ fn nic_down(tree: &NodeTree, meta: &TreeMeta) -> Result<(), InjectError> {
         tree::write_atomic(&changes_path, format!("{}\n", changes + 1).as_bytes())?;
     }
     tree.append_kmsg(meta, &[(6, format!("mlx5_core 0000:0c:00.0 {DOWN_NIC}: Link is Down"))])?;
+    Ok(())
+}
+
+/// The port as the mlx5 driver shows a link with no partner (a pulled cable, a dead switch port):
+/// `1: DOWN` / `2: Polling`, one more `link_downed` on the way down; IPoIB drops the carrier of
+/// the port's interface with it.
+fn ib_port_down(tree: &NodeTree) -> Result<(), InjectError> {
+    let (device, port, netdev) = DOWN_IB;
+    let dir =
+        tree.dir().join("sys/class/infiniband").join(device).join("ports").join(port.to_string());
+    let state_path = dir.join("state");
+    let was_up = fs::read_to_string(&state_path).map(|s| s.contains("ACTIVE")).unwrap_or(true);
+    tree::write_atomic(&state_path, b"1: DOWN\n")?;
+    tree::write_atomic(&dir.join("phys_state"), b"2: Polling\n")?;
+    let netdev_dir = tree.dir().join("sys/class/net").join(netdev);
+    tree::write_atomic(&netdev_dir.join("operstate"), b"down\n")?;
+    tree::write_atomic(&netdev_dir.join("carrier"), b"0\n")?;
+    if was_up {
+        for path in [dir.join("counters/link_downed"), netdev_dir.join("carrier_changes")] {
+            let count: u64 = fs::read_to_string(&path)
+                .map_err(|source| TreeError::Read { path: path.clone(), source })?
+                .trim()
+                .parse()
+                .unwrap_or(0);
+            tree::write_atomic(&path, format!("{}\n", count + 1).as_bytes())?;
+        }
+    }
     Ok(())
 }
 
@@ -656,7 +881,9 @@ pub struct InjectArgs {
     /// The node to break (a node of the fleet `fleetmend up` runs in the state directory).
     pub node: String,
     /// The fault: gpu-xid:N (e.g. gpu-xid:79, gpu-xid:48), gpu-missing, row-remap-failure,
-    /// nvlink-down, nic-down, disk-full (needs root), disk-readonly, kernel-mce, agent-kill.
+    /// nvlink-down, nic-down, ib-port-down, pcie-downtrained, gpu-throttle, nvswitch-fatal,
+    /// mlx5-health, nic-pcie-downtrained, gpu-lost, xid-burst, gsp-timeout, disk-full (needs root), disk-readonly,
+    /// kernel-mce, agent-kill.
     pub fault: String,
     /// Keep the fault across reboots of the node (a broken part, not a passing event).
     #[arg(long)]
@@ -755,6 +982,11 @@ mod tests {
             "row-remap-failure",
             "nvlink-down",
             "nic-down",
+            "ib-port-down",
+            "pcie-downtrained",
+            "gpu-throttle",
+            "nvswitch-fatal",
+            "mlx5-health",
             "disk-full",
             "disk-readonly",
             "kernel-mce",

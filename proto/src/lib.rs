@@ -147,7 +147,7 @@ impl std::str::FromStr for RecommendedAction {
 /// One observation of one subject by one check.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Finding {
-    /// The check that made it: `gpu`, `kernel_log`, `nic`, `disk`, `host`.
+    /// The check that made it: `gpu`, `kernel_log`, `nic`, `pcie`, `disk`, `host`.
     pub check: String,
     /// What the finding is about, stable and machine-readable: `xid`, `ecc_uncorrected`,
     /// `gpu_count`, `nic_down`, `disk_full`, ...
@@ -308,6 +308,58 @@ pub mod command_kind {
     pub const RUN_RANK: &str = "run-rank";
     /// Forward a signal to a rank the agent runs ([`crate::SignalRank`]).
     pub const SIGNAL_RANK: &str = "signal-rank";
+    /// Gather an evidence bundle ([`crate::EvidenceBundle`]) before a disruptive repair; the
+    /// `budget_ms` argument bounds how long the agent may take.
+    pub const EVIDENCE: &str = "evidence";
+}
+
+/// What a node looked like before a disruptive repair: kept by the repairer with the workflow,
+/// so the reboot or replacement does not erase what a person (or a vendor's RMA) needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvidenceBundle {
+    pub node: String,
+    pub boot_id: String,
+    pub collected_at_ms: u64,
+    /// How long gathering took, every item together.
+    pub took_ms: u64,
+    pub items: Vec<EvidenceItem>,
+}
+
+/// One piece of evidence: a log, the agent's own state, or a command's output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvidenceItem {
+    /// `kernel-log`, `findings`, `checks`, or a configured command's name (`nvidia-smi`).
+    pub name: String,
+    /// Where it came from: a path, or the command line.
+    pub source: String,
+    /// `text`, or `base64` for binary output (a compressed report).
+    pub encoding: String,
+    /// What was kept, at most the item's size cap (the newest part of a log).
+    pub content: String,
+    /// The item's full size in bytes, before the cap.
+    pub bytes: u64,
+    /// Part of it was left out to stay within the cap.
+    pub truncated: bool,
+    pub took_ms: u64,
+    /// Why the item is missing or incomplete (a timeout, a non-zero exit, an unreadable file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl EvidenceItem {
+    /// A text item kept whole.
+    pub fn text(name: &str, source: &str, content: String) -> EvidenceItem {
+        EvidenceItem {
+            name: name.to_owned(),
+            source: source.to_owned(),
+            encoding: "text".to_owned(),
+            bytes: content.len() as u64,
+            content,
+            truncated: false,
+            took_ms: 0,
+            error: None,
+        }
+    }
 }
 
 /// How a command the repairer sent went.
@@ -327,7 +379,27 @@ pub struct CommandResult {
     /// For a deep check: its non-ok findings.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub findings: Vec<Finding>,
+    /// For an `evidence` command: the bundle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<EvidenceBundle>,
     pub finished_at_ms: u64,
+}
+
+impl CommandResult {
+    /// The answer to `evidence` command `id`: `bundle`, with a message naming its items.
+    pub fn evidence(id: &str, bundle: EvidenceBundle, finished_at_ms: u64) -> CommandResult {
+        let names: Vec<&str> = bundle.items.iter().map(|i| i.name.as_str()).collect();
+        CommandResult {
+            id: id.to_owned(),
+            kind: command_kind::EVIDENCE.to_owned(),
+            ok: true,
+            message: format!("evidence: {}", names.join(", ")),
+            verdict: None,
+            findings: Vec::new(),
+            evidence: Some(bundle),
+            finished_at_ms,
+        }
+    }
 }
 
 /// Why a report was sent.

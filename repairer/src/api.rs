@@ -23,7 +23,7 @@ use crate::config::Tokens;
 use crate::engine::{Engine, EngineError, NodeRecord};
 use crate::inbound::{self, InboundConfig, SnsMessage};
 use crate::model::{Actor, Event, EventKind, FindingSource, RuleAction, Severity};
-use crate::workflow::Workflow;
+use crate::workflow::{KeptEvidence, Workflow};
 
 /// Shared state of the handlers.
 pub struct ApiState {
@@ -147,6 +147,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/v1/alerts/cloudwatch", post(cloudwatch))
         .route("/v1/nodes", get(list_nodes))
         .route("/v1/nodes/{name}", get(node_detail))
+        .route("/v1/nodes/{name}/evidence", get(node_evidence))
         .route("/v1/nodes/{name}/drain", post(drain))
         .route("/v1/nodes/{name}/undrain", post(undrain))
         .route("/v1/nodes/{name}/repair", post(repair))
@@ -413,6 +414,37 @@ async fn node_detail(
     let keep = events.len().saturating_sub(50);
     events.drain(..keep);
     Ok(axum::Json(NodeDetail { node, workflows, events }).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct EvidenceQuery {
+    limit: Option<usize>,
+}
+
+/// Bundles returned at most (each up to the agent's bundle cap).
+const EVIDENCE_LIMIT: usize = 100;
+
+async fn node_evidence(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(query): Query<EvidenceQuery>,
+) -> Result<Response, ApiError> {
+    authorize(&headers, None, &state.tokens.admin)?;
+    if state.engine.node(&name).is_none() {
+        return Err(ApiError(StatusCode::NOT_FOUND, format!("no node named {name}")));
+    }
+    let limit = query.limit.unwrap_or(10);
+    if !(1..=EVIDENCE_LIMIT).contains(&limit) {
+        let message = format!("limit must be between 1 and {EVIDENCE_LIMIT}");
+        return Err(ApiError(StatusCode::BAD_REQUEST, message));
+    }
+    let kept: Vec<KeptEvidence> = state
+        .engine
+        .store()
+        .evidence_of(&name, limit)
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    Ok(axum::Json(kept).into_response())
 }
 
 #[derive(Debug, Deserialize)]

@@ -9,6 +9,7 @@ use crate::api::NodeDetail;
 use crate::engine::{BreakerState, NodeSummary};
 use crate::model::{Event, RuleAction};
 use crate::queue::{CheckpointEvery, JobSpec, JobState, JobView};
+use crate::workflow::KeptEvidence;
 
 /// A request to the repairer failed.
 #[derive(Debug, thiserror::Error)]
@@ -100,6 +101,10 @@ impl Client {
         self.request("GET", &format!("/v1/nodes/{name}"), None).await
     }
 
+    pub async fn evidence(&self, name: &str) -> Result<Vec<KeptEvidence>, ClientError> {
+        self.request("GET", &format!("/v1/nodes/{name}/evidence"), None).await
+    }
+
     pub async fn events(
         &self,
         after: i64,
@@ -183,6 +188,8 @@ impl Client {
 pub enum Request {
     Nodes,
     Node(String),
+    /// The evidence bundles kept for a node.
+    Evidence(String),
     Events {
         node: Option<String>,
         after: i64,
@@ -231,6 +238,10 @@ impl Client {
                 if table { nodes_table(&nodes, now_ms) } else { pretty(&nodes) }
             }
             Request::Node(name) => pretty(&self.node(&name).await?),
+            Request::Evidence(name) => {
+                let kept = self.evidence(&name).await?;
+                if table { evidence_text(&name, &kept) } else { pretty(&kept) }
+            }
             Request::Events { node, after, limit } => {
                 let events = self.events(after, node.as_deref(), limit).await?;
                 if table { events_table(&events) } else { pretty(&events) }
@@ -272,6 +283,45 @@ impl Client {
 }
 
 /// Indented JSON, keys in order (through `serde_json::Value`); `null` for what cannot be encoded.
+/// Each bundle with its items: a heading per item, then its text (binary items by size only).
+fn evidence_text(node: &str, kept: &[KeptEvidence]) -> String {
+    if kept.is_empty() {
+        return format!("no evidence kept for {node}\n");
+    }
+    let mut out = String::new();
+    for k in kept {
+        let bundle = &k.bundle;
+        out.push_str(&format!(
+            "# workflow {} ({}) on {}, boot {}: gathered in {} ms\n",
+            k.workflow, k.action, k.node, bundle.boot_id, bundle.took_ms
+        ));
+        for item in &bundle.items {
+            let mut notes = vec![format!("{} bytes", item.bytes)];
+            if item.truncated {
+                notes.push("newest part kept".to_owned());
+            }
+            if let Some(error) = &item.error {
+                notes.push(error.clone());
+            }
+            out.push_str(&format!("## {} — {} ({})\n", item.name, item.source, notes.join("; ")));
+            if item.encoding == "text" {
+                out.push_str(&item.content);
+                if !item.content.ends_with('\n') && !item.content.is_empty() {
+                    out.push('\n');
+                }
+            } else if !item.content.is_empty() {
+                out.push_str(&format!(
+                    "({} content, {} characters: see --output json)\n",
+                    item.encoding,
+                    item.content.len()
+                ));
+            }
+        }
+        out.push('\n');
+    }
+    out
+}
+
 fn pretty(value: &impl serde::Serialize) -> String {
     let value = serde_json::to_value(value).unwrap_or_default();
     serde_json::to_string_pretty(&value).unwrap_or_default()

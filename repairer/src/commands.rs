@@ -4,7 +4,11 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Mutex, PoisonError};
 
-use fleetmend_proto::{CommandResult, NodeCommand};
+use fleetmend_proto::{CommandResult, NodeCommand, command_kind};
+
+/// Results kept at most: one nobody takes (an evidence bundle that came after its time box, a
+/// deep check of a workflow that ended) must not stay forever; the oldest go first.
+const MAX_RESULTS: usize = 4096;
 
 /// Pending commands per node and the results that came back.
 #[derive(Debug, Default)]
@@ -52,17 +56,34 @@ impl CommandQueue {
         self.state().pending.remove(node).map(Vec::from).unwrap_or_default()
     }
 
-    /// Keeps results that arrived in a report.
+    /// Keeps the results that arrived in a report of the kinds a workflow waits for (deep checks,
+    /// evidence); the queue reads its rank commands' results from the report itself.
     pub fn record_results(&self, results: &[CommandResult]) {
         let mut state = self.state();
-        for result in results {
+        let awaited = |r: &&CommandResult| {
+            r.kind == command_kind::DEEP_CHECK || r.kind == command_kind::EVIDENCE
+        };
+        for result in results.iter().filter(awaited) {
             state.results.insert(result.id.clone(), result.clone());
+        }
+        while state.results.len() > MAX_RESULTS {
+            let oldest =
+                state.results.values().min_by_key(|r| r.finished_at_ms).map(|r| r.id.clone());
+            match oldest {
+                Some(id) => state.results.remove(&id),
+                None => break,
+            };
         }
     }
 
     /// The result of command `id`, once it came back.
     pub fn result(&self, id: &str) -> Option<CommandResult> {
         self.state().results.get(id).cloned()
+    }
+
+    /// Whether the result of command `id` came back.
+    pub fn has_result(&self, id: &str) -> bool {
+        self.state().results.contains_key(id)
     }
 
     /// Forgets a result once its workflow used it.
@@ -77,6 +98,31 @@ mod tests {
 
     fn command(id: &str) -> NodeCommand {
         NodeCommand { id: id.to_owned(), kind: "deep-check".to_owned(), args: BTreeMap::new() }
+    }
+
+    #[test]
+    fn results_nobody_takes_are_bounded_oldest_first() {
+        let queue = CommandQueue::new();
+        let result = |i: usize| CommandResult {
+            id: format!("r{i}"),
+            kind: "evidence".to_owned(),
+            ok: true,
+            message: String::new(),
+            verdict: None,
+            findings: Vec::new(),
+            evidence: None,
+            finished_at_ms: i as u64,
+        };
+        let mut results: Vec<CommandResult> = (0..MAX_RESULTS + 5).map(result).collect();
+        results.push(CommandResult {
+            id: "rank".to_owned(),
+            kind: "run-rank".to_owned(),
+            ..result(0)
+        });
+        queue.record_results(&results);
+        assert!(!queue.has_result("r4") && queue.has_result("r5"));
+        assert!(!queue.has_result("rank"), "nobody waits for a rank command's result here");
+        assert!(queue.has_result(&format!("r{}", MAX_RESULTS + 4)));
     }
 
     #[test]

@@ -277,6 +277,10 @@ pub enum EventKind {
     SpareTaken,
     /// A job has waited for nodes longer than `wait_alert`: how many it needs and which are out.
     JobWaiting,
+    /// A healthy idle node was held out of work as a hot spare (Slurm's `spare_pool`).
+    SpareHeld,
+    /// An evidence bundle was kept before a disruptive repair (or none came in time).
+    Evidence,
 }
 
 impl EventKind {
@@ -303,6 +307,8 @@ impl EventKind {
             EventKind::JobCancelled => "job-cancelled",
             EventKind::SpareTaken => "spare-taken",
             EventKind::JobWaiting => "job-waiting",
+            EventKind::Evidence => "evidence",
+            EventKind::SpareHeld => "spare-held",
         }
     }
 }

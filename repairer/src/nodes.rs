@@ -265,6 +265,15 @@ impl Nodes {
         Nodes { heartbeats: Some(heartbeats), ..self }
     }
 
+    /// When `name` was last heard from (a report, or a heartbeat between reports).
+    pub fn last_heard_ms(&self, name: &str) -> Option<u64> {
+        let last_report_ms = self.lock().get(name)?.last_report_ms;
+        Some(match &self.heartbeats {
+            Some(heartbeats) => heartbeats.last_heard_ms(name, last_report_ms),
+            None => last_report_ms,
+        })
+    }
+
     /// What answers for the heartbeats between reports, when it is not the reports themselves.
     pub fn heartbeats(&self) -> Option<&Arc<dyn Heartbeats>> {
         self.heartbeats.as_ref()

@@ -25,6 +25,16 @@ pub const SPEC: &str = r##"{
         "actor": { "type": "string" }, "from_state": { "$ref": "#/components/schemas/NodeState" }, "to_state": { "$ref": "#/components/schemas/NodeState" },
         "action": { "$ref": "#/components/schemas/Action" }, "workflow": { "type": "integer", "nullable": true },
         "reason": { "type": "string" }, "findings": { "type": "array", "items": { "type": "object" } } } },
+      "Evidence": { "type": "object", "description": "A bundle kept with the workflow it was gathered for", "properties": {
+        "workflow": { "type": "integer" }, "node": { "type": "string" }, "action": { "$ref": "#/components/schemas/Action" },
+        "command": { "type": "string" }, "asked_ms": { "type": "integer" }, "kept_ms": { "type": "integer" },
+        "bundle": { "type": "object", "properties": {
+          "node": { "type": "string" }, "boot_id": { "type": "string" }, "collected_at_ms": { "type": "integer" }, "took_ms": { "type": "integer" },
+          "items": { "type": "array", "items": { "type": "object", "properties": {
+            "name": { "type": "string", "description": "kernel-log, findings, or a configured tool (nvidia-smi, nvidia-bug-report)" },
+            "source": { "type": "string" }, "encoding": { "type": "string", "enum": ["text", "base64"] },
+            "content": { "type": "string" }, "bytes": { "type": "integer", "description": "size before the cap" },
+            "truncated": { "type": "boolean" }, "took_ms": { "type": "integer" }, "error": { "type": "string" } } } } } } } },
       "Breaker": { "type": "object", "properties": { "open": { "type": "boolean" }, "opened_ms": { "type": "integer", "nullable": true }, "reason": { "type": "string" } } },
       "Report": { "type": "object", "description": "fleetmend_proto::Report", "required": ["wire_version", "node", "boot_id", "agent_version", "seq", "sent_at_ms", "trigger", "verdict", "checks", "findings"] },
       "JobSpec": { "type": "object", "description": "A job to run: one rank per node", "required": ["argv", "nodes", "checkpoint_dir"], "properties": {
@@ -64,6 +74,9 @@ pub const SPEC: &str = r##"{
     "/v1/nodes/{name}": { "get": { "summary": "One node with its findings, history, workflows and recent events",
       "parameters": [{ "name": "name", "in": "path", "required": true, "schema": { "type": "string" } }],
       "responses": { "200": { "description": "the node" }, "404": { "description": "no such node" } } } },
+    "/v1/nodes/{name}/evidence": { "get": { "summary": "The evidence bundles gathered on the node before its disruptive repairs, newest first",
+      "parameters": [{ "name": "name", "in": "path", "required": true, "schema": { "type": "string" } }, { "name": "limit", "in": "query", "schema": { "type": "integer", "minimum": 1, "maximum": 100 } }],
+      "responses": { "200": { "description": "bundles", "content": { "application/json": { "schema": { "type": "array", "items": { "$ref": "#/components/schemas/Evidence" } } } } }, "404": { "description": "no such node" } } } },
     "/v1/nodes/{name}/drain": { "post": { "summary": "Drain the node (as a person)", "parameters": [{ "name": "name", "in": "path", "required": true, "schema": { "type": "string" } }],
       "responses": { "200": { "description": "workflow started" }, "404": { "description": "no such node" }, "409": { "description": "in a workflow already" } } } },
     "/v1/nodes/{name}/undrain": { "post": { "summary": "Put a drained or quarantined node back (only if fleetmend drained it)", "parameters": [{ "name": "name", "in": "path", "required": true, "schema": { "type": "string" } }],

@@ -15,6 +15,7 @@ use crate::provider::Provider;
 use crate::provider::config::{ProviderDeps, build as build_provider};
 use crate::queue::{JobQueue, QueuePorts};
 use crate::scheduler::slurm::SlurmScheduler;
+use crate::scheduler::slurm::spares::SlurmSpares;
 use crate::scheduler::{MemoryScheduler, Scheduler};
 use crate::store::Store;
 use crate::workflow::trace::WorkflowTracer;
@@ -52,6 +53,8 @@ pub struct Repairer {
     /// The embedded job queue (`scheduler = "embedded"` and no scheduler given).
     pub queue: Option<Arc<JobQueue>>,
     server: tokio::task::JoinHandle<Result<(), ServiceError>>,
+    /// Keeps Slurm's hot spares (`scheduler = "slurm"`); stopped with the server.
+    spares: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Repairer {
@@ -67,6 +70,9 @@ impl Repairer {
             Ok(result) => result,
             Err(_) => Ok(()),
         };
+        if let Some(spares) = &self.spares {
+            spares.abort();
+        }
         // Spans still queued go out before the process ends.
         if let Some(tracer) = &self.tracer
             && let Err(err) = tracer.shutdown().await
@@ -151,6 +157,7 @@ pub async fn start_given(
         .map_err(|source| ServiceError::Listen { addr: config.listen, source })?;
     let unreachable_window =
         config.engine.report_interval.saturating_mul(config.engine.unreachable_after);
+    let mut slurm_spares = None;
     let (scheduler, queue): (Arc<dyn Scheduler>, Option<Arc<JobQueue>>) =
         match (given.scheduler, config.scheduler) {
             (Some(scheduler), _) => (scheduler, None),
@@ -171,7 +178,14 @@ pub async fn start_given(
                 (queue.clone(), Some(queue))
             }
             (None, SchedulerKind::Slurm) => {
-                (Arc::new(SlurmScheduler::new(config.slurm.clone())), None)
+                let slurm = Arc::new(SlurmScheduler::new(config.slurm.clone()));
+                slurm_spares = Some(SlurmSpares {
+                    scheduler: slurm.clone(),
+                    events: events.clone(),
+                    nodes: nodes.clone(),
+                    clock: clock.clone(),
+                });
+                (slurm, None)
             }
         };
     let provider = match given.provider {
@@ -214,6 +228,7 @@ pub async fn start_given(
     if let Some(queue) = &queue {
         queue.start();
     }
+    let spares = slurm_spares.map(|keeper| tokio::spawn(keeper.run()));
     let state = Arc::new(ApiState {
         engine: engine.clone(),
         queue: queue.clone(),
@@ -232,5 +247,5 @@ pub async fn start_given(
             .map_err(ServiceError::Serve)
     });
     tracing::info!(listen = %local_addr, mode = config.policy.mode.as_str(), store = %config.store.display(), "repairer started");
-    Ok(Repairer { engine, scheduler, local_addr, tracer, queue, server })
+    Ok(Repairer { engine, scheduler, local_addr, tracer, queue, server, spares })
 }

@@ -52,6 +52,15 @@ const MIGRATIONS: &[&str] = &[
         body TEXT NOT NULL
      );
      CREATE INDEX jobs_state ON jobs (state, seq);",
+    // 3: evidence bundles gathered before disruptive repairs, one JSON document each.
+    "CREATE TABLE evidence (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        workflow INTEGER NOT NULL,
+        node TEXT NOT NULL,
+        command TEXT NOT NULL UNIQUE,
+        body TEXT NOT NULL
+     );
+     CREATE INDEX evidence_node ON evidence (node, id);",
 ];
 
 /// A store operation failed.
@@ -258,19 +267,12 @@ impl Store {
         node: &str,
         limit: usize,
     ) -> Result<Vec<T>, StoreError> {
-        let conn = self.conn();
-        let mut statement = conn
-            .prepare_cached("SELECT body FROM workflows WHERE node = ?1 ORDER BY id DESC LIMIT ?2")
-            .map_err(sql("read workflows"))?;
-        let rows = statement
-            .query_map(params![node, limit as i64], |row| row.get::<_, String>(0))
-            .map_err(sql("read workflows"))?;
-        let mut out = Vec::new();
-        for row in rows {
-            let body = row.map_err(sql("read workflows"))?;
-            out.push(serde_json::from_str(&body).map_err(json("read workflows"))?);
-        }
-        Ok(out)
+        self.documents_of(
+            "SELECT body FROM workflows WHERE node = ?1 ORDER BY id DESC LIMIT ?2",
+            node,
+            limit,
+            "read workflows",
+        )
     }
 
     /// A setting (breaker state, ...), if set.
@@ -319,6 +321,46 @@ impl Store {
         self.documents("SELECT body FROM jobs ORDER BY seq", "read jobs")
     }
 
+    /// Keeps the evidence bundle that answered `command` for `workflow` on `node` (once: a second
+    /// copy of the same answer changes nothing), and the newest `keep` of the node's bundles.
+    pub fn put_evidence<T: Serialize>(
+        &self,
+        workflow: i64,
+        node: &str,
+        command: &str,
+        evidence: &T,
+        keep: usize,
+    ) -> Result<(), StoreError> {
+        let body = serde_json::to_string(evidence).map_err(json("keep evidence"))?;
+        self.transaction("keep evidence", |tx| {
+            tx.execute(
+                "INSERT INTO evidence (workflow, node, command, body) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (command) DO NOTHING",
+                params![workflow, node, command, body],
+            )?;
+            tx.execute(
+                "DELETE FROM evidence WHERE node = ?1 AND id NOT IN
+                 (SELECT id FROM evidence WHERE node = ?1 ORDER BY id DESC LIMIT ?2)",
+                params![node, keep as i64],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// The evidence kept for `node`, newest first, at most `limit`.
+    pub fn evidence_of<T: DeserializeOwned>(
+        &self,
+        node: &str,
+        limit: usize,
+    ) -> Result<Vec<T>, StoreError> {
+        self.documents_of(
+            "SELECT body FROM evidence WHERE node = ?1 ORDER BY id DESC LIMIT ?2",
+            node,
+            limit,
+            "read evidence",
+        )
+    }
+
     /// Runs `f` on the connection inside one transaction (for modules with their own tables,
     /// such as the alert outbox).
     pub fn transaction<T>(
@@ -331,6 +373,27 @@ impl Store {
         let value = f(&tx).map_err(sql(operation))?;
         tx.commit().map_err(sql(operation))?;
         Ok(value)
+    }
+
+    /// The documents `query` selects for `node` (`?1`), at most `limit` (`?2`).
+    fn documents_of<T: DeserializeOwned>(
+        &self,
+        query: &str,
+        node: &str,
+        limit: usize,
+        operation: &'static str,
+    ) -> Result<Vec<T>, StoreError> {
+        let conn = self.conn();
+        let mut statement = conn.prepare_cached(query).map_err(sql(operation))?;
+        let rows = statement
+            .query_map(params![node, limit as i64], |row| row.get::<_, String>(0))
+            .map_err(sql(operation))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let body = row.map_err(sql(operation))?;
+            out.push(serde_json::from_str(&body).map_err(json(operation))?);
+        }
+        Ok(out)
     }
 
     fn documents<T: DeserializeOwned>(
@@ -403,6 +466,21 @@ mod tests {
         assert_eq!(jobs.len(), 2);
         assert_eq!(jobs[0]["id"], "j-1");
         assert_eq!(jobs[0]["done"], true);
+    }
+
+    #[test]
+    fn evidence_is_kept_once_and_the_newest_per_node() {
+        let store = Store::in_memory().unwrap();
+        for i in 0..4 {
+            let body = serde_json::json!({"n": i});
+            store.put_evidence(i, "n1", &format!("evidence-{i}-reboot"), &body, 3).unwrap();
+        }
+        let again = serde_json::json!({"n": 99});
+        store.put_evidence(3, "n1", "evidence-3-reboot", &again, 3).unwrap();
+        let kept: Vec<serde_json::Value> = store.evidence_of("n1", 10).unwrap();
+        let numbers: Vec<i64> = kept.iter().map(|k| k["n"].as_i64().unwrap()).collect();
+        assert_eq!(numbers, [3, 2, 1]);
+        assert!(store.evidence_of::<serde_json::Value>("n2", 10).unwrap().is_empty());
     }
 
     #[test]

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fake_opentelemetry_collector::{ExportedSpan, FakeCollectorServer};
 use fleetmend_proto::{
-    CommandResult, Finding, NodeCommand, RecommendedAction, Report, ReportReply, ReportTrigger,
-    Status, Verdict, WIRE_VERSION, command_kind,
+    CommandResult, EvidenceBundle, EvidenceItem, Finding, NodeCommand, RecommendedAction, Report,
+    ReportReply, ReportTrigger, Status, Verdict, WIRE_VERSION, command_kind,
 };
 use fleetmend_repairer::config::RepairerConfig;
 use fleetmend_repairer::engine::NodeSummary;
@@ -184,7 +184,27 @@ impl Harness {
         )
         .with_label("xid", "79");
         let mut seq = 1;
-        self.report(seq, "boot-1", vec![xid], Vec::new()).await;
+        self.report(seq, "boot-1", vec![xid.clone()], Vec::new()).await;
+        // Before the reboot the node is asked for its evidence; a small bundle answers.
+        let ask: NodeCommand = eventually("the evidence command", || {
+            seq += 1;
+            let (seq, xid) = (seq, xid.clone());
+            async move {
+                let reply = self.report(seq, "boot-1", vec![xid], Vec::new()).await;
+                reply.commands.into_iter().find(|c| c.kind == command_kind::EVIDENCE)
+            }
+        })
+        .await;
+        let bundle = EvidenceBundle {
+            node: NODE.to_owned(),
+            boot_id: "boot-1".to_owned(),
+            collected_at_ms: now_ms(),
+            took_ms: 3,
+            items: vec![EvidenceItem::text("kernel-log", "/dev/kmsg", "NVRM: Xid 79\n".to_owned())],
+        };
+        let gathered = CommandResult::evidence(&ask.id, bundle, now_ms());
+        seq += 1;
+        self.report(seq, "boot-1", vec![xid], vec![gathered]).await;
         eventually("the provider to reboot the node", || async {
             self.provider.calls().contains(&ProviderCall::Reboot(NODE.to_owned())).then_some(())
         })
@@ -206,6 +226,7 @@ impl Harness {
             message: "every check passed".to_owned(),
             verdict: Some(Verdict::Healthy),
             findings: Vec::new(),
+            evidence: None,
             finished_at_ms: now_ms(),
         };
         self.report(seq + 1, "boot-2", Vec::new(), vec![passed]).await;
@@ -273,7 +294,17 @@ async fn a_reboot_repair_is_one_trace_with_a_span_per_step() {
     let names: Vec<&str> = children.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(
         names,
-        ["detect", "drain", "checkpoint", "settle", "repair", "await-boot", "validate", "undrain"],
+        [
+            "detect",
+            "drain",
+            "checkpoint",
+            "settle",
+            "evidence",
+            "repair",
+            "await-boot",
+            "validate",
+            "undrain"
+        ],
         "the workflow's steps, in the order it ran them"
     );
     let mut previous_end = root.start_time_unix_nano;

@@ -75,6 +75,7 @@ pub enum AgentCheck {
     Gpu,
     KernelLog,
     Nic,
+    Pcie,
     Disk,
     Host,
     /// The agent sees nothing: the job fails, or the node goes silent.
@@ -87,6 +88,7 @@ impl AgentCheck {
             AgentCheck::Gpu => "gpu",
             AgentCheck::KernelLog => "kernel_log",
             AgentCheck::Nic => "nic",
+            AgentCheck::Pcie => "pcie",
             AgentCheck::Disk => "disk",
             AgentCheck::Host => "host",
             AgentCheck::None => "none",
@@ -322,6 +324,7 @@ mod tests {
             AgentCheck::Gpu => include_str!("../../agent/src/checks/gpu.rs"),
             AgentCheck::KernelLog => include_str!("../../agent/src/checks/kernel_log/rules.rs"),
             AgentCheck::Nic => include_str!("../../agent/src/checks/nic.rs"),
+            AgentCheck::Pcie => include_str!("../../agent/src/checks/pcie.rs"),
             AgentCheck::Disk => include_str!("../../agent/src/checks/disk.rs"),
             AgentCheck::Host => include_str!("../../agent/src/checks/host.rs"),
             AgentCheck::None => "",

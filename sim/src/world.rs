@@ -11,9 +11,9 @@ use fleetmend_agent::xid;
 use fleetmend_local::faults::Fault;
 use fleetmend_proto::jobs::PROGRESS_TOKEN_VAR;
 use fleetmend_proto::{
-    CommandResult, Finding, NodeCommand, Progress, RankKey, RankSignal, RankState, RankStatus,
-    RecommendedAction, Report, ReportTrigger, RunRank, SignalRank, Status, Verdict, WIRE_VERSION,
-    command_kind,
+    CommandResult, EvidenceBundle, EvidenceItem, Finding, NodeCommand, Progress, RankKey,
+    RankSignal, RankState, RankStatus, RecommendedAction, Report, ReportTrigger, RunRank,
+    SignalRank, Status, Verdict, WIRE_VERSION, command_kind,
 };
 use fleetmend_repairer::clock::Clock;
 use fleetmend_repairer::commands::CommandQueue;
@@ -482,6 +482,9 @@ impl World {
             Some(Fault::NicDown) => {
                 (Status::Fail, RecommendedAction::Drain, "ib0 is down".to_owned())
             }
+            Some(Fault::IbPortDown) => {
+                (Status::Fail, RecommendedAction::Drain, "InfiniBand mlx5_0/1 is down".to_owned())
+            }
             Some(Fault::DiskReadonly) => {
                 (Status::Fail, RecommendedAction::Drain, "/scratch is read-only".to_owned())
             }
@@ -490,6 +493,36 @@ impl World {
             }
             Some(Fault::KernelMce) => {
                 (Status::Warn, RecommendedAction::None, "machine check".to_owned())
+            }
+            Some(Fault::PcieDowntrained) => {
+                (Status::Fail, RecommendedAction::Reboot, "PCIe link x8 of x16".to_owned())
+            }
+            Some(Fault::GpuThrottle) => (
+                Status::Fail,
+                RecommendedAction::Drain,
+                "clocks slowed down (sustained)".to_owned(),
+            ),
+            Some(Fault::NicPcieDowntrained) => {
+                (Status::Fail, RecommendedAction::Reboot, "NIC PCIe link Gen3 of Gen5".to_owned())
+            }
+            Some(Fault::GpuLost) => {
+                (Status::Fail, RecommendedAction::Reboot, "GPU fell off the bus".to_owned())
+            }
+            Some(Fault::XidBurst) => (
+                Status::Fail,
+                RecommendedAction::Reboot,
+                "Xid 13 repeated on GPC 1, TPC 2".to_owned(),
+            ),
+            Some(Fault::GspTimeout) => (
+                Status::Fail,
+                RecommendedAction::ResetGpu,
+                "the GPU likely needs to be reset".to_owned(),
+            ),
+            Some(Fault::NvswitchFatal) => {
+                (Status::Fail, RecommendedAction::Reboot, "fatal NVSwitch SXid".to_owned())
+            }
+            Some(Fault::Mlx5Health) => {
+                (Status::Fail, RecommendedAction::Reboot, "NIC health compromised".to_owned())
             }
             Some(Fault::AgentKill) => return Vec::new(),
             None => {
@@ -572,6 +605,7 @@ impl World {
                     Err(_) => false,
                 },
                 command_kind::DEEP_CHECK => self.deep_check(node, &command),
+                command_kind::EVIDENCE => self.evidence(node, &command),
                 _ => false,
             };
         }
@@ -590,8 +624,29 @@ impl World {
             message: if ok { "every check passed".to_owned() } else { "a check failed".to_owned() },
             verdict: Some(if ok { Verdict::Healthy } else { Verdict::Unhealthy }),
             findings,
+            evidence: None,
             finished_at_ms: now,
         };
+        if let Some(sim) = self.nodes.get_mut(node) {
+            sim.results.push(result);
+        }
+        true
+    }
+
+    /// The bundle an agent gathers before a disruptive repair: here its findings only.
+    fn evidence(&mut self, node: &str, command: &NodeCommand) -> bool {
+        let now = self.now();
+        let Some(sim) = self.nodes.get(node) else { return false };
+        let content = serde_json::to_string(&self.findings(sim)).unwrap_or_default();
+        let item = EvidenceItem::text("findings", "the simulated agent", content);
+        let bundle = EvidenceBundle {
+            node: node.to_owned(),
+            boot_id: format!("{node}-boot-{}", sim.boot),
+            collected_at_ms: now,
+            took_ms: 0,
+            items: vec![item],
+        };
+        let result = CommandResult::evidence(&command.id, bundle, now);
         if let Some(sim) = self.nodes.get_mut(node) {
             sim.results.push(result);
         }

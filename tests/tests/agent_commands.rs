@@ -164,7 +164,7 @@ fn deep_checks_unknown_kinds_and_repeated_ids() {
     let (_, carrying) =
         reports.iter().find(|(_, r)| r.command_results.iter().any(|c| c.id == "dc-2")).unwrap();
     assert_eq!(carrying.verdict, Verdict::Healthy);
-    assert_eq!(carrying.checks.len(), 5, "{:#?}", carrying.checks);
+    assert_eq!(carrying.checks.len(), 6, "{:#?}", carrying.checks);
 }
 
 #[test]

@@ -50,7 +50,7 @@ fn healthy_fixture_json_lists_every_check() {
     let view: HealthView = serde_json::from_slice(&output.stdout).expect("JSON health view");
     assert_eq!(view.verdict, Verdict::Healthy);
     let checks: Vec<&str> = view.checks.iter().map(|c| c.check.as_str()).collect();
-    assert_eq!(checks, ["gpu", "kernel_log", "nic", "disk", "host"]);
+    assert_eq!(checks, ["gpu", "kernel_log", "nic", "pcie", "disk", "host"]);
     assert!(view.findings.iter().all(|f| f.status == Status::Ok), "{:#?}", view.findings);
 }
 

@@ -172,6 +172,6 @@ fn reports_resume_with_the_newest_state_when_the_repairer_comes_back() {
     );
     let (_, report) = received.all()[0].clone();
     assert!(report.seq > 1, "the first delivered report should be a retry: {}", report.seq);
-    assert_eq!(report.checks.len(), 5, "every check's run is reported: {report:?}");
+    assert_eq!(report.checks.len(), 6, "every check's run is reported: {report:?}");
     assert!(report.findings.iter().all(|f| f.status != Status::Ok), "only what is not ok travels");
 }

@@ -2,20 +2,22 @@
 //! agent-kill, transient only), on a worker of a local fleet mid-job (the embedded queue, 4
 //! working nodes and 3 hot spares). Each ends healed: the job completes with an uninterrupted run's weights hash, the node ends healthy,
 //! retired (replaced) or quarantined with a reason, and the job never waits for nodes longer than
-//! the queue's `wait_alert` (no `job-waiting` alert).
+//! the queue's `wait_alert` (no `job-waiting` alert); before each reboot or replacement the node's
+//! agent gathered its evidence (the kernel log with the fault's line, its findings).
 //!
-//! Four faults per fleet (local/scenarios/matrix-*.toml), each on a node of the job that no
-//! earlier fault hit: two kinds, each transient, then persistent.
+//! Up to four faults per fleet (local/scenarios/matrix-*.toml), each on a node of the job that no
+//! earlier fault hit: each kind transient, then persistent.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
 use std::time::Duration;
 
-use fleetmend_local::faults::FAULT_NAMES;
+use fleetmend_local::faults::{FAULT_NAMES, Fault};
 use fleetmend_local::scenario::{self, Scenario};
 use fleetmend_local::up::{Fleet, FleetConfig};
 use fleetmend_repairer::model::{EventKind, NodeState};
+use fleetmend_repairer::workflow::KeptEvidence;
 use fleetmend_tests::fleetmend_bin;
 
 /// The longest a fault may keep the job waiting for nodes (the local fleet's `wait_alert`).
@@ -70,6 +72,13 @@ fn run_matrix(name: &str) {
                 .unwrap_or_default();
             ends.push((fault.number, node, state.map(|s| (s, reason))));
         }
+        // The evidence each disruptive repair kept first, from the node's own agent.
+        let mut evidence = Vec::new();
+        for fault in &summary.faults {
+            let node = fault.node.clone().unwrap_or_default();
+            let kept: Vec<KeptEvidence> = fleet.engine().store().evidence_of(&node, 10).unwrap();
+            evidence.push((fault.number, fault.fault, fault.actions.clone(), node, kept));
+        }
         let waiting: Vec<String> = events
             .into_iter()
             .filter(|e| e.kind == EventKind::JobWaiting)
@@ -96,6 +105,25 @@ fn run_matrix(name: &str) {
             assert!(!reason.is_empty(), "fault {number}: {node} ended {state} without a reason");
         }
         assert!(waiting.is_empty(), "the job waited for nodes: {waiting:?}\n{context}");
+        for (number, fault, actions, node, kept) in evidence {
+            let disruptive = actions.iter().any(|a| a == "reboot" || a == "replace");
+            // A killed agent cannot answer: its repair goes on without evidence.
+            if !disruptive || fault == Fault::AgentKill {
+                continue;
+            }
+            let first = kept.last().unwrap_or_else(|| {
+                panic!("fault {number}: no evidence kept for {node} before {actions:?}:\n{context}")
+            });
+            let names: Vec<&str> = first.bundle.items.iter().map(|i| i.name.as_str()).collect();
+            assert_eq!(names, ["kernel-log", "findings"], "fault {number} on {node}");
+            if let Fault::GpuXid(code) = fault {
+                let log = &first.bundle.items[0].content;
+                assert!(
+                    log.contains("Xid") && log.contains(&code.to_string()),
+                    "fault {number}: {log}"
+                );
+            }
+        }
         eprintln!("{}", summary.render());
     });
 }
@@ -125,7 +153,18 @@ fn the_matrix_covers_every_fault_kind_both_ways() {
     }
 }
 
-const MATRIX: [&str; 5] = ["xids", "gpu", "links", "disks", "host"];
+const MATRIX: [&str; 10] = [
+    "xids",
+    "gpu",
+    "links",
+    "fabric",
+    "pcie",
+    "throttle",
+    "switches",
+    "detections",
+    "disks",
+    "host",
+];
 
 #[test]
 fn xid_79_and_xid_48_end_healed() {
@@ -145,6 +184,31 @@ fn nvlink_down_and_nic_down_end_healed() {
 #[test]
 fn disk_full_and_disk_readonly_end_healed() {
     run_matrix("disks");
+}
+
+#[test]
+fn ib_port_down_and_pcie_downtrained_end_healed() {
+    run_matrix("fabric");
+}
+
+#[test]
+fn a_sustained_gpu_throttle_and_a_gsp_timeout_end_healed() {
+    run_matrix("throttle");
+}
+
+#[test]
+fn a_nic_pcie_link_at_gen3_ends_healed() {
+    run_matrix("pcie");
+}
+
+#[test]
+fn gpu_lost_and_xid_burst_end_healed() {
+    run_matrix("detections");
+}
+
+#[test]
+fn nvswitch_fatal_and_mlx5_health_end_healed() {
+    run_matrix("switches");
 }
 
 #[test]

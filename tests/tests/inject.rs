@@ -102,7 +102,7 @@ fn a_healthy_tree_is_healthy_to_the_real_agent() {
     assert_eq!(view.node, "healthy-1");
     assert_eq!(view.boot_id, tree.boot_id().unwrap());
     let checks: Vec<&str> = view.checks.iter().map(|c| c.check.as_str()).collect();
-    assert_eq!(checks, ["gpu", "kernel_log", "nic", "disk", "host"]);
+    assert_eq!(checks, ["gpu", "kernel_log", "nic", "pcie", "disk", "host"]);
 }
 
 #[test]
@@ -115,6 +115,14 @@ fn gpu_xid_79_is_a_lost_gpu_to_reboot() {
             ("kernel_log", "xid", "0000:5d:00", Status::Fail, RecommendedAction::Reboot),
             ("gpu", "xid", "3", Status::Fail, RecommendedAction::Reboot),
             ("gpu", "gpu_access", "3", Status::Fail, RecommendedAction::Reboot),
+            // The driver's own line after the Xid.
+            (
+                "kernel_log",
+                "gpu_fallen_off_bus",
+                "0000:5d:00.0",
+                Status::Fail,
+                RecommendedAction::Reboot,
+            ),
         ],
         &[],
     );
@@ -159,7 +167,87 @@ fn gpu_missing_is_a_short_count_to_reboot() {
     assert_eq!(code, 1);
     assert_findings(
         &view,
-        &[("gpu", "gpu_count", "", Status::Fail, RecommendedAction::Reboot)],
+        &[
+            ("gpu", "gpu_count", "", Status::Fail, RecommendedAction::Reboot),
+            // The driver's line for the GPU it could not bring up.
+            (
+                "kernel_log",
+                "gpu_init_failed",
+                "0000:db:00.0",
+                Status::Fail,
+                RecommendedAction::Reboot,
+            ),
+        ],
+        &[],
+    );
+}
+
+#[test]
+fn nic_pcie_downtrained_is_a_slow_nic_link_to_reboot() {
+    let (code, view) = inject_and_check("nic-pcie-downtrained");
+    assert_eq!(code, 1);
+    assert_findings(
+        &view,
+        &[("pcie", "pcie_speed", "0000:0c:00.0", Status::Fail, RecommendedAction::Reboot)],
+        &[],
+    );
+}
+
+#[test]
+fn gpu_lost_is_the_probes_three_line_message_without_an_xid_to_reboot() {
+    let (code, view) = inject_and_check("gpu-lost");
+    assert_eq!(code, 1);
+    assert_findings(
+        &view,
+        &[
+            (
+                "kernel_log",
+                "gpu_fallen_off_bus",
+                "0000:5d:00.0",
+                Status::Fail,
+                RecommendedAction::Reboot,
+            ),
+            ("gpu", "gpu_count", "", Status::Fail, RecommendedAction::Reboot),
+        ],
+        &[],
+    );
+    assert!(view.findings.iter().all(|f| f.finding != "xid" || f.status == Status::Ok));
+}
+
+#[test]
+fn xid_burst_is_xid_13_repeating_on_one_tpc_to_reboot() {
+    let (code, view) = inject_and_check("xid-burst");
+    assert_eq!(code, 1);
+    let burst = view.findings.iter().find(|f| f.finding == "xid_burst").expect("xid_burst");
+    assert_eq!(burst.labels.get("count").map(String::as_str), Some("5"), "{burst:?}");
+    assert_findings(
+        &view,
+        &[
+            ("kernel_log", "xid_burst", "0000:5d:00", Status::Fail, RecommendedAction::Reboot),
+            // Each Xid 13 on its own is the application's.
+            ("kernel_log", "xid", "0000:5d:00", Status::Warn, RecommendedAction::RestartApp),
+        ],
+        &[],
+    );
+}
+
+#[test]
+fn gsp_timeout_is_a_gpu_to_reset() {
+    let (code, view) = inject_and_check("gsp-timeout");
+    assert_eq!(code, 1);
+    assert_findings(
+        &view,
+        &[
+            (
+                "kernel_log",
+                "gpu_needs_reset",
+                "0000:5d:00",
+                Status::Fail,
+                RecommendedAction::ResetGpu,
+            ),
+            ("kernel_log", "xid", "0000:5d:00", Status::Fail, RecommendedAction::ResetGpu),
+            ("gpu", "xid", "3", Status::Fail, RecommendedAction::ResetGpu),
+        ],
         &[],
     );
 }
@@ -199,6 +287,74 @@ fn nic_down_is_a_required_link_down_to_drain() {
         ],
         // A link that is down has no speed.
         &[("nic", "nic_speed")],
+    );
+}
+
+#[test]
+fn ib_port_down_is_a_required_port_and_its_ipoib_link_down_to_drain() {
+    let (code, view) = inject_and_check("ib-port-down");
+    assert_eq!(code, 1);
+    assert_findings(
+        &view,
+        &[
+            ("nic", "ib_port_down", "mlx5_0/1", Status::Fail, RecommendedAction::Drain),
+            ("nic", "nic_down", "ib0", Status::Fail, RecommendedAction::Drain),
+        ],
+        &[("nic", "nic_speed")],
+    );
+}
+
+#[test]
+fn pcie_downtrained_is_a_narrow_gpu_link_to_reboot() {
+    let (code, view) = inject_and_check("pcie-downtrained");
+    assert_eq!(code, 1);
+    assert_findings(
+        &view,
+        &[("gpu", "pcie_link", "3", Status::Fail, RecommendedAction::Reboot)],
+        &[],
+    );
+}
+
+#[test]
+fn gpu_throttle_is_a_sustained_hardware_slowdown_to_drain() {
+    // Fixture GPUs hold their state: the tree's agent judges a slowdown sustained from its first
+    // run (a real node's after `throttle_sustained_runs`).
+    let (code, view) = inject_and_check("gpu-throttle");
+    assert_eq!(code, 1);
+    assert_findings(
+        &view,
+        &[("gpu", "throttle", "3", Status::Fail, RecommendedAction::Drain)],
+        &[("gpu", "temperature")],
+    );
+    let throttle = view.findings.iter().find(|f| f.finding == "throttle" && f.subject == "3");
+    assert!(throttle.unwrap().message.contains("hw_thermal_slowdown"), "{}", summary(&view));
+}
+
+#[test]
+fn nvswitch_fatal_is_a_fatal_sxid_to_reboot() {
+    let (code, view) = inject_and_check("nvswitch-fatal");
+    assert_eq!(code, 1);
+    assert_findings(
+        &view,
+        &[(
+            "kernel_log",
+            "nvswitch_fatal",
+            "0000:07:00.0",
+            Status::Fail,
+            RecommendedAction::Reboot,
+        )],
+        &[],
+    );
+}
+
+#[test]
+fn mlx5_health_is_a_nic_whose_firmware_stopped_answering_to_reboot() {
+    let (code, view) = inject_and_check("mlx5-health");
+    assert_eq!(code, 1);
+    assert_findings(
+        &view,
+        &[("kernel_log", "nic_health", "0000:0c:00.0", Status::Fail, RecommendedAction::Reboot)],
+        &[],
     );
 }
 
@@ -336,7 +492,7 @@ fn a_running_agent_reports_an_injected_xid_at_once() {
     };
     // Every check has run once and the node is healthy before the fault.
     assert!(poll_until(Duration::from_secs(10), || {
-        health().is_some_and(|v| v.checks.len() == 5 && v.verdict == Verdict::Healthy)
+        health().is_some_and(|v| v.checks.len() == 6 && v.verdict == Verdict::Healthy)
     }));
     let injected = Instant::now();
     tree.inject(&Fault::GpuXid(79), false).unwrap();

@@ -96,7 +96,7 @@ fn link_down_fails_the_nic_check_and_link_up_clears_it() {
     std::fs::write(
         &config,
         format!(
-            "[checks.nic]\nrequired = [\"{inner}\"]\n[checks.kernel_log]\nenabled = false\n[checks.disk]\nenabled = false\n[checks.host]\nenabled = false\n"
+            "[checks.nic]\nrequired = [\"{inner}\"]\n[checks.kernel_log]\nenabled = false\n[checks.disk]\nenabled = false\n[checks.host]\nenabled = false\n[checks.pcie]\nenabled = false\n"
         ),
     )
     .unwrap();

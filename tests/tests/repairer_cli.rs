@@ -56,8 +56,11 @@ fn client_verbs_drive_a_real_repairer() {
     std::fs::write(
         &agent_config,
         format!(
-            "{}\n[report]\nrepairer = \"http://{repairer_addr}\"\ntoken = \"{AGENT}\"\ninterval = \"200ms\"\n",
-            std::fs::read_to_string(case.join("agent.toml")).unwrap()
+            "{}\n[report]\nrepairer = \"http://{repairer_addr}\"\ntoken = \"{AGENT}\"\ninterval = \"200ms\"\n\
+             # A reboot asked of this agent is refused: it runs on the test machine.\n\
+             [commands]\nreboot = []\n[commands.evidence]\ndir = \"{}\"\n",
+            std::fs::read_to_string(case.join("agent.toml")).unwrap(),
+            dir.path().join("evidence").display()
         ),
     )
     .unwrap();
@@ -126,4 +129,39 @@ fn client_verbs_drive_a_real_repairer() {
         cli(repairer_addr, ADMIN, &["repair", "no-such-node", "--action", "reboot"]);
     assert_eq!(code, Some(1));
     assert!(err.contains("404") && err.contains("no-such-node"), "{err}");
+
+    // Before a reboot the repairer keeps the node's evidence; `node --evidence` shows it.
+    let (code, _, _) = cli(repairer_addr, ADMIN, &["node", "gpu-node-1", "--evidence"]);
+    assert_eq!(code, Some(0));
+    let (code, out, err) =
+        cli(repairer_addr, ADMIN, &["repair", "gpu-node-1", "--action", "reboot"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let shown = || cli(repairer_addr, ADMIN, &["node", "gpu-node-1", "--evidence"]).1;
+    assert!(
+        poll_until(Duration::from_secs(20), || shown().contains("## kernel-log")),
+        "{}\n{}",
+        shown(),
+        repairer.stderr()
+    );
+    let text = shown();
+    assert!(text.starts_with("# workflow ") && text.contains("(reboot) on gpu-node-1"), "{text}");
+    assert!(text.contains("## findings") && text.contains("\"verdict\""), "{text}");
+    let (_, json, _) =
+        cli(repairer_addr, ADMIN, &["node", "gpu-node-1", "--evidence", "--output", "json"]);
+    let kept: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap();
+    assert_eq!(kept.len(), 1, "{json}");
+    assert_eq!(kept[0]["action"], "reboot");
+    assert_eq!(kept[0]["bundle"]["node"], "gpu-node-1");
+    assert_eq!(kept[0]["bundle"]["items"][0]["source"], case.join("kmsg").display().to_string());
+    let (_, events, _) =
+        cli(repairer_addr, ADMIN, &["events", "--node", "gpu-node-1", "--output", "json"]);
+    let events: Vec<serde_json::Value> = serde_json::from_str(&events).unwrap();
+    assert!(
+        events.iter().any(|e| e["kind"] == "evidence"
+            && e["reason"].as_str().unwrap().starts_with("evidence kept")),
+        "{events:#?}"
+    );
+    let (code, _, err) = cli(repairer_addr, ADMIN, &["node", "no-such-node", "--evidence"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("404"), "{err}");
 }

@@ -19,8 +19,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use fleetmend_proto::{
-    CommandResult, Finding, RecommendedAction, Report, ReportReply, ReportTrigger, Status, Verdict,
-    WIRE_VERSION, command_kind,
+    CommandResult, EvidenceBundle, EvidenceItem, Finding, RecommendedAction, Report, ReportReply,
+    ReportTrigger, Status, Verdict, WIRE_VERSION, command_kind,
 };
 use fleetmend_tests::{Running, free_port, http_get, http_post_json, poll_until, start_repairer};
 use serde_json::Value;
@@ -386,10 +386,11 @@ fn agent_loop(repairer: SocketAddr, reboots: &Path, shared: &Mutex<AgentShared>)
                     .with_label("xid", "79"),
                 );
             }
+            let boot_id = format!("{}-boot-{}", node.name, node.boots);
             let report = Report {
                 wire_version: WIRE_VERSION,
                 node: node.name.to_owned(),
-                boot_id: format!("{}-boot-{}", node.name, node.boots),
+                boot_id: boot_id.clone(),
                 agent_version: "scripted".to_owned(),
                 seq: node.seq,
                 sent_at_ms: now_ms(),
@@ -414,8 +415,26 @@ fn agent_loop(repairer: SocketAddr, reboots: &Path, shared: &Mutex<AgentShared>)
             node.results.clear();
             let reply: ReportReply = serde_json::from_str(&reply).expect("parse the report reply");
             for command in reply.commands {
-                if command.kind != command_kind::DEEP_CHECK || !node.seen.insert(command.id.clone())
-                {
+                if !node.seen.insert(command.id.clone()) {
+                    continue;
+                }
+                if command.kind == command_kind::EVIDENCE {
+                    // Like a real agent: a small bundle, answered at once.
+                    let bundle = EvidenceBundle {
+                        node: node.name.to_owned(),
+                        boot_id: boot_id.clone(),
+                        collected_at_ms: now_ms(),
+                        took_ms: 1,
+                        items: vec![EvidenceItem::text(
+                            "findings",
+                            "stand-in agent",
+                            "none".to_owned(),
+                        )],
+                    };
+                    node.results.push(CommandResult::evidence(&command.id, bundle, now_ms()));
+                    continue;
+                }
+                if command.kind != command_kind::DEEP_CHECK {
                     continue;
                 }
                 node.deep_checks_delivered += 1;
@@ -426,6 +445,7 @@ fn agent_loop(repairer: SocketAddr, reboots: &Path, shared: &Mutex<AgentShared>)
                     message: "healthy".to_owned(),
                     verdict: Some(Verdict::Healthy),
                     findings: Vec::new(),
+                    evidence: None,
                     finished_at_ms: now_ms(),
                 };
                 if hold_deep_check {

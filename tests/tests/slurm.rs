@@ -60,6 +60,21 @@ async fn the_slurm_backend_drains_undrains_signals_and_requeues_real_slurm() {
     );
     assert_eq!(slurm.undrain("node2").await.unwrap(), UndrainOutcome::NotDrained);
 
+    // A hot spare that turns faulty loses its spare reason: it must never be handed a job.
+    slurm.drain("node2", "fleetmend: spare").await.unwrap();
+    slurm.drain("node2", "fleetmend: nic down").await.unwrap();
+    assert!(
+        cluster.reasons().contains(&("node2".to_owned(), "fleetmend: nic down".to_owned())),
+        "sinfo -R: {:?}",
+        cluster.reasons()
+    );
+    assert_eq!(slurm.undrain("node2").await.unwrap(), UndrainOutcome::Undrained);
+    assert!(
+        poll_until(Duration::from_secs(15), || cluster.node_state("node2") == "idle"),
+        "node2 after undrain: {}",
+        cluster.node_state("node2")
+    );
+
     // An admin's drain is never undone, and fleetmend's drain does not take over its reason.
     cluster.slurm("scontrol", &["update", "NodeName=node3", "State=DRAIN", "Reason=maintenance"]);
     slurm.drain("node3", "fleetmend: test").await.unwrap();

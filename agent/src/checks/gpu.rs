@@ -4,7 +4,8 @@
 //! The backend ([`crate::gpu`]) returns a [`GpuSnapshot`]; this file turns it into findings and
 //! metrics. What needs history lives here: counter rates (PCIe replays, NVLink CRC errors) from
 //! the previous run's counters, how long an Xid or an NVLink recovery keeps its finding after the
-//! last time its count rose, and how many runs in a row the GPU count was short.
+//! last time its count rose, and how many runs in a row the GPU count was short or a GPU was
+//! slowed down by its hardware.
 //!
 //! Findings (subject = GPU index unless said otherwise; per-GPU ones carry a `pci` label where
 //! known):
@@ -16,11 +17,20 @@
 //! - `gpu_access`: the GPU answered; lost → `fail`, `reboot`; reset required → `fail`, `reset-gpu`.
 //! - `xid` (labels `xid`, `pci`; value = the code): one per code seen, from the Xid catalog or
 //!   `xid_actions`, for `xid_window` after the count last rose; then ok.
-//! - `temperature`, `throttle` (hardware or thermal slowdown: `warn`), `persistence_mode` (off:
-//!   `warn`), `ecc_uncorrected` (volatile uncorrectable errors: `fail`, `reset-gpu`),
-//!   `retired_pages`, `row_remap`, `pcie_replays` (rate: `warn`), `nvlink_down` (`fail`,
-//!   `reset-gpu`), `nvlink_errors` (CRC rate or a recent recovery: `warn`), `recovery_action` (the
-//!   driver's own advice, r570+).
+//! - `throttle` (value = runs in a row): a hardware slowdown (`hw_slowdown`, `sw_thermal_slowdown`,
+//!   `hw_thermal_slowdown`, `hw_power_brake_slowdown`) is `warn` until seen on
+//!   `throttle_sustained_runs` runs in a row, then `fail`, `drain`: brief slowdowns under load are
+//!   normal, one that lasts is a cooling or power-delivery fault that slows every rank of a job and
+//!   that no reset or reboot fixes, so the node stops taking work and a person (or the repairer's
+//!   ladder) decides. Software power capping, sync boost and idling are settings and load: ok.
+//! - `nvlink_down` (value = links down): a listed link inactive, or with `expected_nvlinks` fewer
+//!   links active than expected (links the driver does not list count as down; message "N of M
+//!   expected NVLink links active") → `fail`, `reset-gpu`: a GPU reset retrains its links.
+//! - `temperature`, `persistence_mode` (off: `warn`), `ecc_uncorrected` (volatile uncorrectable
+//!   errors: `fail`, `reset-gpu`), `retired_pages`, `row_remap`, `pcie_replays` (rate: `warn`),
+//!   `pcie_link` (trained narrower than its widest: `fail`, `reboot` — a boot retrains it; the
+//!   generation is not judged, since an idle GPU lowers it to save power), `nvlink_errors` (CRC
+//!   rate or a recent recovery: `warn`), `recovery_action` (the driver's own advice, r570+).
 //!
 //! With the `none` backend the check is present but reports nothing: it was switched off on
 //! purpose, and an `unknown` finding on every run would only be noise on dashboards and alerts.
@@ -88,6 +98,13 @@ pub struct GpuConfig {
     /// How long an NVLink recovery keeps its warning after the recovery count last rose.
     #[serde(with = "humantime_serde")]
     pub nvlink_error_window: Duration,
+    /// NVLink links every GPU should have active (18 on an H100 or B200 SXM). Fewer active, links
+    /// the driver does not list counted as down, fails `nvlink_down`. Unset: only links listed as
+    /// inactive are down.
+    pub expected_nvlinks: Option<u32>,
+    /// Runs in a row a hardware slowdown (`hw_slowdown`, thermal, power brake) must be seen before
+    /// `throttle` fails with `drain`; it warns before. Short slowdowns under load are normal.
+    pub throttle_sustained_runs: u32,
 }
 
 impl Default for GpuConfig {
@@ -109,6 +126,8 @@ impl Default for GpuConfig {
             pcie_replays_warn_per_minute: None,
             nvlink_crc_errors_warn_per_second: 100.0,
             nvlink_error_window: Duration::from_secs(60 * 60),
+            expected_nvlinks: None,
+            throttle_sustained_runs: 3,
         }
     }
 }
@@ -126,6 +145,7 @@ impl GpuConfig {
             }
         };
         at_least_one("count_debounce", self.count_debounce);
+        at_least_one("throttle_sustained_runs", self.throttle_sustained_runs);
         at_least_one("retired_pages_fail", self.retired_pages_fail);
         at_least_one("retired_pages_double_bit_fail", self.retired_pages_double_bit_fail);
         at_least_one("remapped_rows_uncorrectable_fail", self.remapped_rows_uncorrectable_fail);
@@ -133,6 +153,12 @@ impl GpuConfig {
             problems.push(
                 format!("{section}.expected_count"),
                 "must be at least 1 (leave it out to skip the count check)",
+            );
+        }
+        if self.expected_nvlinks == Some(0) {
+            problems.push(
+                format!("{section}.expected_nvlinks"),
+                "must be at least 1 (leave it out for GPUs without NVLink)",
             );
         }
         if !(1..=150).contains(&self.temperature_warn_celsius) {
@@ -196,6 +222,15 @@ struct History {
     counters: BTreeMap<u32, Counters>,
     /// Last known PCI bus id by GPU, for Xid findings of GPUs that stopped answering.
     pci: BTreeMap<u32, String>,
+    /// The hardware slowdown each GPU is in: runs in a row and since when.
+    slowdowns: BTreeMap<u32, Streak>,
+}
+
+/// A condition seen on consecutive runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Streak {
+    runs: u32,
+    since: SystemTime,
 }
 
 /// Counters of one GPU at one run.
@@ -295,6 +330,115 @@ fn worst(reasons: &[(RecommendedAction, String)]) -> Option<(RecommendedAction, 
     Some((action, text))
 }
 
+/// A finding about `gpu`, with its `pci` label where known.
+/// A sample of `desc` about `gpu` (labelled with its index).
+fn gpu_sample(gpu: &GpuState, desc: &'static metrics::MetricDesc, value: f64) -> Sample {
+    Sample::new(desc, value).label("gpu", gpu.index.to_string())
+}
+
+fn gpu_finding(
+    gpu: &GpuState,
+    id: &str,
+    status: Status,
+    action: RecommendedAction,
+    message: String,
+) -> Finding {
+    let finding = Finding::new(NAME, id, gpu.index.to_string(), status, action, message);
+    match &gpu.pci_bus_id {
+        Some(pci) => finding.with_label("pci", pci.clone()),
+        None => finding,
+    }
+}
+
+/// `throttle` of one GPU from its active clock event reasons, keeping the streak of runs in a row
+/// with a hardware slowdown. Software power capping, sync boost and idling are not slowdowns: they
+/// are settings and load, not faults.
+fn throttle_finding(
+    gpu: &GpuState,
+    reasons: &[ClockEventReason],
+    streaks: &mut BTreeMap<u32, Streak>,
+    sustained_runs: u32,
+    now: SystemTime,
+) -> Finding {
+    let slowdowns: Vec<&str> =
+        reasons.iter().filter(|r| r.is_slowdown()).map(|r| r.as_str()).collect();
+    if slowdowns.is_empty() {
+        streaks.remove(&gpu.index);
+        return gpu_finding(
+            gpu,
+            "throttle",
+            Status::Ok,
+            RecommendedAction::None,
+            "no hardware or thermal slowdown".to_owned(),
+        );
+    }
+    let streak = streaks.entry(gpu.index).or_insert(Streak { runs: 0, since: now });
+    streak.runs = streak.runs.saturating_add(1);
+    let runs = streak.runs;
+    // A clock that went back counts as no time.
+    let lasting = human(now.duration_since(streak.since).unwrap_or_default());
+    let sustained_runs = sustained_runs.max(1);
+    let reasons = slowdowns.join(", ");
+    let finding = if runs >= sustained_runs {
+        gpu_finding(
+            gpu,
+            "throttle",
+            Status::Fail,
+            RecommendedAction::Drain,
+            format!(
+                "clocks held down by {reasons} on {runs} runs in a row (for {lasting}): a cooling or power fault"
+            ),
+        )
+    } else {
+        gpu_finding(
+            gpu,
+            "throttle",
+            Status::Warn,
+            RecommendedAction::None,
+            format!(
+                "clocks slowed down: {reasons} (on {runs} of {sustained_runs} runs in a row, for {lasting})"
+            ),
+        )
+    };
+    finding.with_value(f64::from(runs))
+}
+
+/// `nvlink_down` of one GPU: the listed links that are inactive in `down`, and, with `expected`,
+/// the links the GPU should have active (links the driver does not list count as down).
+fn nvlink_down_finding(gpu: &GpuState, down: &[u32], expected: Option<u32>) -> Finding {
+    let listed = u32::try_from(gpu.nvlinks.len()).unwrap_or(u32::MAX);
+    let active = listed.saturating_sub(u32::try_from(down.len()).unwrap_or(u32::MAX));
+    let inactive =
+        if down.is_empty() { String::new() } else { format!("; inactive: {}", join_links(down)) };
+    let (missing, message) = match expected {
+        Some(expected) => {
+            let unlisted = expected.saturating_sub(listed);
+            let unlisted = if unlisted > 0 {
+                format!("; {unlisted} not listed by the driver")
+            } else {
+                String::new()
+            };
+            (
+                expected.saturating_sub(active),
+                format!("{active} of {expected} expected NVLink links active{inactive}{unlisted}"),
+            )
+        }
+        None if down.is_empty() => (0, format!("all {listed} NVLink links active")),
+        None => (
+            u32::try_from(down.len()).unwrap_or(u32::MAX),
+            format!("{} of {listed} NVLink links inactive: {}", down.len(), join_links(down)),
+        ),
+    };
+    let finding = if missing == 0 {
+        gpu_finding(gpu, "nvlink_down", Status::Ok, RecommendedAction::None, message)
+    } else {
+        gpu_finding(gpu, "nvlink_down", Status::Fail, RecommendedAction::ResetGpu, message)
+    };
+    let finding =
+        if down.is_empty() { finding } else { finding.with_label("links", join_links(down)) };
+    finding.with_value(f64::from(missing))
+}
+
 impl GpuCheck {
     pub fn new(config: &GpuConfig, ctx: BuildContext<'_>) -> Self {
         // Xid events are followed only by a running agent; `--once` reads the kernel log's backlog.
@@ -364,6 +508,7 @@ impl GpuCheck {
             self.gpu_findings(gpu, now, &mut out);
         }
         self.history.counters.retain(|index, _| snapshot.gpus.iter().any(|g| g.index == *index));
+        self.history.slowdowns.retain(|index, _| snapshot.gpus.iter().any(|g| g.index == *index));
         self.xid_findings(&snapshot.gpus, now, &mut out);
         out
     }
@@ -429,17 +574,11 @@ impl GpuCheck {
     fn gpu_findings(&mut self, gpu: &GpuState, now: SystemTime, out: &mut Observation) {
         let index = gpu.index.to_string();
         let finding = |id: &str, status: Status, action: RecommendedAction, message: String| {
-            let finding = Finding::new(NAME, id, index.clone(), status, action, message);
-            match &gpu.pci_bus_id {
-                Some(pci) => finding.with_label("pci", pci.clone()),
-                None => finding,
-            }
+            gpu_finding(gpu, id, status, action, message)
         };
         let ok =
             |id: &str, message: String| finding(id, Status::Ok, RecommendedAction::None, message);
-        let sample = |desc: &'static metrics::MetricDesc, value: f64| {
-            Sample::new(desc, value).label("gpu", index.clone())
-        };
+        let sample = |desc: &'static metrics::MetricDesc, value: f64| gpu_sample(gpu, desc, value);
         let cfg = &self.config;
         let findings = &mut out.findings;
         let samples = &mut out.samples;
@@ -519,17 +658,23 @@ impl GpuCheck {
                 samples
                     .push(sample(&metrics::GPU_THROTTLE, active).label("reason", reason.as_str()));
             }
-            let slowdowns: Vec<&str> =
-                reasons.iter().filter(|r| r.is_slowdown()).map(|r| r.as_str()).collect();
-            findings.push(if slowdowns.is_empty() {
-                ok("throttle", "no hardware or thermal slowdown".to_owned())
-            } else {
+            let streak = &mut self.history.slowdowns;
+            findings.push(throttle_finding(gpu, reasons, streak, cfg.throttle_sustained_runs, now));
+        } else {
+            self.history.slowdowns.remove(&gpu.index);
+        }
+
+        if let (Some(width), Some(max)) = (gpu.pcie_link_width, gpu.pcie_link_width_max) {
+            findings.push(if width < max {
                 finding(
-                    "throttle",
-                    Status::Warn,
-                    RecommendedAction::None,
-                    format!("clocks slowed down: {}", slowdowns.join(", ")),
+                    "pcie_link",
+                    Status::Fail,
+                    RecommendedAction::Reboot,
+                    format!("PCIe link trained at x{width} of x{max}: a fraction of its bandwidth"),
                 )
+                .with_value(f64::from(width))
+            } else {
+                ok("pcie_link", format!("PCIe link x{width} of x{max}"))
             });
         }
 
@@ -745,107 +890,116 @@ impl GpuCheck {
             });
         }
 
-        if !gpu.nvlinks.is_empty() {
-            let mut down = Vec::new();
-            let mut fast_crc: Vec<(u32, f64)> = Vec::new();
-            let mut recovering = Vec::new();
-            let mut worst_crc_rate: Option<f64> = None;
-            for link in &gpu.nvlinks {
-                let label = link.link.to_string();
-                samples.push(
-                    sample(&metrics::GPU_NVLINK_UP, if link.active { 1.0 } else { 0.0 })
-                        .label("link", label.clone()),
-                );
-                for (kind, count) in [
-                    ("crc_flit", link.crc_flit),
-                    ("crc_data", link.crc_data),
-                    ("replay", link.replay),
-                    ("recovery", link.recovery),
-                ] {
-                    if let Some(count) = count {
-                        samples.push(
-                            sample(&metrics::GPU_NVLINK_ERRORS, count as f64)
-                                .label("link", label.clone())
-                                .label("kind", kind),
-                        );
-                    }
-                }
-                if !link.active {
-                    down.push(link.link);
-                }
-                if link.crc_flit.is_some() || link.crc_data.is_some() {
-                    let crc = link.crc_flit.unwrap_or(0).saturating_add(link.crc_data.unwrap_or(0));
-                    current.nvlink_crc.insert(link.link, crc);
-                    let before = previous.nvlink_crc.get(&link.link).copied();
-                    if let Some(rate) = rate_per_second(previous.at.zip(before), now, crc) {
-                        worst_crc_rate = Some(worst_crc_rate.map_or(rate, |w: f64| w.max(rate)));
-                        if rate > cfg.nvlink_crc_errors_warn_per_second {
-                            fast_crc.push((link.link, rate));
-                        }
-                    }
-                }
-                if let Some(recoveries) = link.recovery {
-                    let rise =
-                        self.history.nvlink_recoveries.entry((gpu.index, link.link)).or_default();
-                    rise.observe(recoveries, now);
-                    if rise.active(now, cfg.nvlink_error_window) {
-                        recovering.push(link.link);
-                    }
-                }
-            }
-            findings.push(
-                if down.is_empty() {
-                    ok("nvlink_down", format!("all {} NVLink links active", gpu.nvlinks.len()))
-                } else {
-                    finding(
-                        "nvlink_down",
-                        Status::Fail,
-                        RecommendedAction::ResetGpu,
-                        format!(
-                            "{} of {} NVLink links inactive: {}",
-                            down.len(),
-                            gpu.nvlinks.len(),
-                            join_links(&down)
-                        ),
-                    )
-                    .with_label("links", join_links(&down))
-                }
-                .with_value(down.len() as f64),
-            );
-            let mut problems = Vec::new();
-            if !fast_crc.is_empty() {
-                let links: Vec<String> =
-                    fast_crc.iter().map(|(link, rate)| format!("{link} ({rate:.0}/s)")).collect();
-                problems.push(format!(
-                    "CRC errors above {}/s on link(s) {}",
-                    cfg.nvlink_crc_errors_warn_per_second,
-                    links.join(", ")
-                ));
-            }
-            if !recovering.is_empty() {
-                problems.push(format!(
-                    "link recovery within the last {} on link(s) {}",
-                    human(cfg.nvlink_error_window),
-                    join_links(&recovering)
-                ));
-            }
-            let mut bad_links: Vec<u32> =
-                fast_crc.iter().map(|(link, _)| *link).chain(recovering.iter().copied()).collect();
-            bad_links.sort_unstable();
-            bad_links.dedup();
-            let f = if problems.is_empty() {
-                ok("nvlink_errors", "no NVLink CRC bursts or recent recoveries".to_owned())
-            } else {
-                finding("nvlink_errors", Status::Warn, RecommendedAction::None, problems.join("; "))
-                    .with_label("links", join_links(&bad_links))
-            };
-            findings.push(match worst_crc_rate {
-                Some(rate) => f.with_value(rate),
-                None => f,
-            });
-        }
+        self.nvlink_findings(gpu, now, &previous, &mut current, out);
 
         self.history.counters.insert(gpu.index, current);
+    }
+
+    /// `nvlink_down` and `nvlink_errors` of one GPU, with the NVLink metrics; the CRC counters go
+    /// into `current` for the next run's rates.
+    fn nvlink_findings(
+        &mut self,
+        gpu: &GpuState,
+        now: SystemTime,
+        previous: &Counters,
+        current: &mut Counters,
+        out: &mut Observation,
+    ) {
+        let sample = |desc: &'static metrics::MetricDesc, value: f64| gpu_sample(gpu, desc, value);
+        let cfg = &self.config;
+        let findings = &mut out.findings;
+        let samples = &mut out.samples;
+        if gpu.nvlinks.is_empty() {
+            // A GPU that answers but lists no link has none up; one that does not answer is
+            // `gpu_access`'s to report.
+            if let Some(expected) = cfg.expected_nvlinks
+                && gpu.condition.is_responding()
+            {
+                findings.push(nvlink_down_finding(gpu, &[], Some(expected)));
+            }
+            return;
+        }
+        let mut down = Vec::new();
+        let mut fast_crc: Vec<(u32, f64)> = Vec::new();
+        let mut recovering = Vec::new();
+        let mut worst_crc_rate: Option<f64> = None;
+        for link in &gpu.nvlinks {
+            let label = link.link.to_string();
+            samples.push(
+                sample(&metrics::GPU_NVLINK_UP, if link.active { 1.0 } else { 0.0 })
+                    .label("link", label.clone()),
+            );
+            for (kind, count) in [
+                ("crc_flit", link.crc_flit),
+                ("crc_data", link.crc_data),
+                ("replay", link.replay),
+                ("recovery", link.recovery),
+            ] {
+                if let Some(count) = count {
+                    samples.push(
+                        sample(&metrics::GPU_NVLINK_ERRORS, count as f64)
+                            .label("link", label.clone())
+                            .label("kind", kind),
+                    );
+                }
+            }
+            if !link.active {
+                down.push(link.link);
+            }
+            if link.crc_flit.is_some() || link.crc_data.is_some() {
+                let crc = link.crc_flit.unwrap_or(0).saturating_add(link.crc_data.unwrap_or(0));
+                current.nvlink_crc.insert(link.link, crc);
+                let before = previous.nvlink_crc.get(&link.link).copied();
+                if let Some(rate) = rate_per_second(previous.at.zip(before), now, crc) {
+                    worst_crc_rate = Some(worst_crc_rate.map_or(rate, |w: f64| w.max(rate)));
+                    if rate > cfg.nvlink_crc_errors_warn_per_second {
+                        fast_crc.push((link.link, rate));
+                    }
+                }
+            }
+            if let Some(recoveries) = link.recovery {
+                let rise =
+                    self.history.nvlink_recoveries.entry((gpu.index, link.link)).or_default();
+                rise.observe(recoveries, now);
+                if rise.active(now, cfg.nvlink_error_window) {
+                    recovering.push(link.link);
+                }
+            }
+        }
+        findings.push(nvlink_down_finding(gpu, &down, cfg.expected_nvlinks));
+        let mut problems = Vec::new();
+        if !fast_crc.is_empty() {
+            let links: Vec<String> =
+                fast_crc.iter().map(|(link, rate)| format!("{link} ({rate:.0}/s)")).collect();
+            problems.push(format!(
+                "CRC errors above {}/s on link(s) {}",
+                cfg.nvlink_crc_errors_warn_per_second,
+                links.join(", ")
+            ));
+        }
+        if !recovering.is_empty() {
+            problems.push(format!(
+                "link recovery within the last {} on link(s) {}",
+                human(cfg.nvlink_error_window),
+                join_links(&recovering)
+            ));
+        }
+        let mut bad_links: Vec<u32> =
+            fast_crc.iter().map(|(link, _)| *link).chain(recovering.iter().copied()).collect();
+        bad_links.sort_unstable();
+        bad_links.dedup();
+        let f = if problems.is_empty() {
+            let message = "no NVLink CRC bursts or recent recoveries".to_owned();
+            gpu_finding(gpu, "nvlink_errors", Status::Ok, RecommendedAction::None, message)
+        } else {
+            let message = problems.join("; ");
+            gpu_finding(gpu, "nvlink_errors", Status::Warn, RecommendedAction::None, message)
+                .with_label("links", join_links(&bad_links))
+        };
+        findings.push(match worst_crc_rate {
+            Some(rate) => f.with_value(rate),
+            None => f,
+        });
     }
 
     /// Takes the Xid counts of `gpus` and reports every (GPU, code) ever seen: failing (or as the
@@ -1014,6 +1168,7 @@ mod tests {
         let config = config_from(
             "[checks.gpu]\nexpected_count = 0\ncount_debounce = 0\ntemperature_warn_celsius = 0\n\
              xid_window = \"0s\"\nnvlink_crc_errors_warn_per_second = -1.0\npcie_replays_warn_per_minute = 0.0\n\
+             expected_nvlinks = 0\nthrottle_sustained_runs = 0\n\
              [checks.gpu.xid_actions]\nseventy-nine = \"reboot\"\n",
         );
         let fields = problems_of(&config);
@@ -1025,6 +1180,8 @@ mod tests {
             "checks.gpu.nvlink_crc_errors_warn_per_second",
             "checks.gpu.pcie_replays_warn_per_minute",
             "checks.gpu.xid_actions.seventy-nine",
+            "checks.gpu.expected_nvlinks",
+            "checks.gpu.throttle_sustained_runs",
         ] {
             assert!(fields.iter().any(|f| f == field), "{field} missing from {fields:?}");
         }

@@ -12,10 +12,12 @@
 //! `unknown` (naming the path) while it cannot. A rule that fails to compile is an `unknown`
 //! `kernel_log_rule` finding.
 
+mod bursts;
 mod rules;
 mod source;
+mod stamp;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -25,9 +27,12 @@ use std::time::{Duration, Instant, SystemTime};
 use fleetmend_proto::{Finding, RecommendedAction, Status};
 use serde::Deserialize;
 
+use self::bursts::XidBursts;
+pub use self::bursts::{XidBurstRule, default_bursts};
 pub use self::rules::{KernelLogRule, builtin_rules};
-use self::rules::{Rule, RuleMatch, truncate_chars};
-use self::source::{LogReader, Record};
+use self::rules::{MAX_LINES, Rule, RuleMatch, truncate_chars};
+pub use self::source::{LogReader, Record};
+pub use self::stamp::{Joint, Stamp};
 use super::{BuildContext, Check, EventSignal, Mode, Observation, RunContext};
 use crate::config::{ConfigProblems, Schedule};
 use crate::metrics::{self, Sample};
@@ -39,7 +44,7 @@ const MAX_MESSAGE_CHARS: usize = 300;
 
 /// Most (rule, subject) pairs remembered; beyond it the one seen longest ago is forgotten, so a log
 /// full of distinct subjects cannot grow the agent without bound.
-const MAX_SUBJECTS: usize = 256;
+pub(crate) const MAX_SUBJECTS: usize = 256;
 
 /// Records read between looks at the stop flag or the run's deadline.
 const BATCH: usize = 512;
@@ -67,14 +72,24 @@ pub struct KernelLogConfig {
     /// its report, and how long stopping the follower takes.
     #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
-    /// In daemon mode, read what the log already holds when the agent starts (matches older than a
-    /// rule's window still do not count). Default: only new records.
+    /// In daemon mode, read what the log already holds when the agent starts — on `/dev/kmsg`
+    /// everything since boot — and act on what is within `lookback`. Off: only new records.
     pub read_existing: bool,
-    /// Use the built-in rules (Xid, recovery action, MCE, filesystem, block I/O, NVMe, NIC, OOM,
-    /// hung task). A user rule with a built-in's name replaces that one either way.
+    /// Lines logged longer ago than this are not acted on (node-problem-detector's lookback): at
+    /// start, so an agent restarted after a condition was dealt with does not raise it again; and
+    /// a line older than its rule's `clear_after` never counts either.
+    #[serde(with = "humantime_serde")]
+    pub lookback: Duration,
+    /// Use the built-in rules (docs/detection.md: Xid, recovery action, GPU off the bus, GSP,
+    /// NVSwitch, mlx5/mlx4, peermem, CUDA crashes, MCE, filesystem, block I/O, NVMe, NIC, OOM, hung
+    /// task). A user rule with a built-in's name replaces that one either way.
     pub builtin_rules: bool,
     /// Extra rules (`[[checks.kernel_log.rules]]`).
     pub rules: Vec<KernelLogRule>,
+    /// Repeats of a non-fatal Xid that escalate, by code (`[checks.kernel_log.xid_bursts.13]`);
+    /// built in: 13 and 31, 5 incidents within 1 h → fail, reboot. Setting the table replaces the
+    /// built-in set (name 13 and 31 again to keep them); `xid_bursts = {}` turns bursts off.
+    pub xid_bursts: BTreeMap<String, XidBurstRule>,
 }
 
 impl Default for KernelLogConfig {
@@ -84,9 +99,11 @@ impl Default for KernelLogConfig {
             interval: Duration::from_secs(10),
             timeout: Duration::from_secs(5),
             poll_interval: Duration::from_millis(100),
-            read_existing: false,
+            read_existing: true,
+            lookback: Duration::from_secs(10 * 60),
             builtin_rules: true,
             rules: Vec::new(),
+            xid_bursts: default_bursts(),
         }
     }
 }
@@ -101,7 +118,11 @@ impl KernelLogConfig {
         if self.poll_interval.is_zero() {
             problems.push(format!("{section}.poll_interval"), "must be greater than zero");
         }
+        if self.lookback.is_zero() {
+            problems.push(format!("{section}.lookback"), "must be greater than zero");
+        }
         rules::validate(section, &self.rules, problems);
+        bursts::validate(section, &self.xid_bursts, problems);
     }
 }
 
@@ -134,15 +155,31 @@ struct Ledger {
     matches: Vec<u64>,
     /// Why the log cannot be read now.
     read_error: Option<String>,
+    /// The latest kernel messages, newest last (at most [`MAX_LINES`]), for rules that span
+    /// several lines and for continuation fragments.
+    recent: VecDeque<String>,
+    /// The latest record was a kmsg fragment: the next one goes on with its line.
+    fragment_open: bool,
+    lookback: Duration,
+    bursts: XidBursts,
 }
 
 impl Ledger {
-    fn new(rules: usize) -> Self {
-        Ledger { entries: BTreeMap::new(), lines: 0, matches: vec![0; rules], read_error: None }
+    fn new(rules: usize, config: &KernelLogConfig) -> Self {
+        Ledger {
+            entries: BTreeMap::new(),
+            lines: 0,
+            matches: vec![0; rules],
+            read_error: None,
+            recent: VecDeque::with_capacity(MAX_LINES),
+            fragment_open: false,
+            lookback: config.lookback,
+            bursts: XidBursts::new(&config.xid_bursts),
+        }
     }
 
-    /// Takes in one record read at `now`; `uptime` converts its kmsg timestamp to a time. Returns
-    /// whether any rule matched.
+    /// Takes in one record read at `now`; `uptime` converts a since-boot timestamp to a time.
+    /// Returns whether any rule matched.
     fn record(
         &mut self,
         rules: &[Rule],
@@ -151,19 +188,52 @@ impl Ledger {
         now: SystemTime,
     ) -> bool {
         self.lines += 1;
-        let at = record_time(record.usec, uptime, now);
+        if !record.kernel {
+            return false;
+        }
+        let at = record_time(record.stamp, uptime, now);
+        // A continuation completes the message before it; what matched that one already is not
+        // counted again.
+        let joint = if self.fragment_open { Some(Joint::Fragment) } else { record.continued };
+        self.fragment_open = record.fragment;
+        let previous = match (self.recent.back_mut(), joint) {
+            (Some(last), Some(joint)) => {
+                let before = last.clone();
+                if joint == Joint::Line {
+                    last.push('\n');
+                }
+                last.push_str(&record.text);
+                truncate_in_place(last, source::MAX_LINE_BYTES * 2);
+                Some(before)
+            }
+            _ => {
+                if self.recent.len() == MAX_LINES {
+                    self.recent.pop_front();
+                }
+                self.recent.push_back(record.text.clone());
+                None
+            }
+        };
+        let text = self.recent.back().cloned().unwrap_or_default();
         let mut matched = false;
         for (index, rule) in rules.iter().enumerate() {
-            let Some(found) = rule.matches(&record.text) else { continue };
+            let found = match_newest(rule, &self.recent, None);
+            let found = found.filter(|_| {
+                previous.is_none()
+                    || match_newest(rule, &self.recent, previous.as_deref()).is_none()
+            });
+            let Some(found) = found else { continue };
             matched = true;
             if let Some(count) = self.matches.get_mut(index) {
                 *count += 1;
             }
-            // A match already outside its window (an old backlog line) does not count.
-            if age(now, at) > rule.clear_after {
+            // A match older than the lookback or its window (an old backlog line) does not count.
+            let age = age(now, at);
+            if age > rule.clear_after || age > self.lookback {
                 continue;
             }
-            self.note(index, rule, found, at, &record.text);
+            self.bursts.observe(&found, at, &text);
+            self.note(index, rule, found, at, &text);
         }
         matched
     }
@@ -261,20 +331,53 @@ impl Ledger {
             };
             findings.push(finding.with_label("rule", rule.name.clone()));
         }
+        self.bursts.findings(now, &mut findings);
         findings
     }
 }
 
+/// `rule`'s match of the newest message — with `newest` in its place where given — and, for a
+/// rule of several lines, the messages before it joined with `\n`; only a match that reaches into
+/// the newest message counts.
+fn match_newest(rule: &Rule, recent: &VecDeque<String>, newest: Option<&str>) -> Option<RuleMatch> {
+    let last = newest.or(recent.back().map(String::as_str))?;
+    if rule.lines <= 1 {
+        return rule.matches(last);
+    }
+    let before = recent.len().saturating_sub(1);
+    let mut joined: String = recent
+        .iter()
+        .take(before)
+        .skip(before.saturating_sub(rule.lines - 1))
+        .flat_map(|line| [line.as_str(), "\n"])
+        .collect();
+    let from = joined.len();
+    joined.push_str(last);
+    rule.matches_ending_after(&joined, from)
+}
+
+/// Cuts `text` to at most `max` bytes, at a character boundary.
+fn truncate_in_place(text: &mut String, max: usize) {
+    if text.len() > max {
+        let mut cut = max;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+    }
+}
+
 /// How long before `now` `at` was (zero for a time after `now`).
-fn age(now: SystemTime, at: SystemTime) -> Duration {
+pub(crate) fn age(now: SystemTime, at: SystemTime) -> Duration {
     now.duration_since(at).unwrap_or(Duration::ZERO)
 }
 
-/// When a record was logged: from its timestamp (microseconds since boot) and the uptime read at
-/// `now`; a record without a timestamp, or with no uptime to compare with, counts as `now`.
-fn record_time(usec: Option<u64>, uptime: Option<Duration>, now: SystemTime) -> SystemTime {
-    match (usec, uptime) {
-        (Some(usec), Some(uptime)) => {
+/// When a record was logged: a wall-clock stamp as it is; a since-boot one from the uptime read
+/// at `now`; a record without a timestamp, or with no uptime to compare with, counts as `now`.
+fn record_time(stamp: Stamp, uptime: Option<Duration>, now: SystemTime) -> SystemTime {
+    match (stamp, uptime) {
+        (Stamp::Wall(at), _) => at,
+        (Stamp::SinceBoot(usec), Some(uptime)) => {
             let ago = uptime.saturating_sub(Duration::from_micros(usec));
             now.checked_sub(ago).unwrap_or(now)
         }
@@ -306,7 +409,7 @@ fn read_into(
         let result = reader.read_available(BATCH, flush_partial, &mut |r| batch.push(r));
         // Uptime is read once per batch, and only when some record carries a timestamp.
         let uptime =
-            if batch.iter().any(|r| r.usec.is_some()) { read_uptime(procfs) } else { None };
+            if batch.iter().any(|r| r.usec().is_some()) { read_uptime(procfs) } else { None };
         let now = now();
         let mut ledger = lock(ledger);
         for record in &batch {
@@ -440,7 +543,7 @@ impl KernelLogCheck {
             }
         }
         let rules: Arc<[Rule]> = compiled.into();
-        let ledger = Arc::new(Mutex::new(Ledger::new(rules.len())));
+        let ledger = Arc::new(Mutex::new(Ledger::new(rules.len(), config)));
         let paths = ctx.paths;
         let mut check = KernelLogCheck {
             rules: rules.clone(),
@@ -567,7 +670,11 @@ mod tests {
     }
 
     fn line(text: &str) -> Record {
-        Record { text: text.to_owned(), usec: None }
+        Record::now(text)
+    }
+
+    fn ledger(rules: &[Rule]) -> Ledger {
+        Ledger::new(rules.len(), &KernelLogConfig::default())
     }
 
     const XID79: &str = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.";
@@ -576,7 +683,7 @@ mod tests {
     #[test]
     fn the_worst_match_wins_and_clears_after_its_window() {
         let rules = compiled();
-        let mut ledger = Ledger::new(rules.len());
+        let mut ledger = ledger(&rules);
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         assert!(ledger.record(&rules, &line(XID79), None, t0));
         assert!(ledger.record(&rules, &line(XID13), None, t0 + Duration::from_secs(60)));
@@ -594,7 +701,7 @@ mod tests {
     #[test]
     fn recovery_action_is_a_state_that_can_go_back_to_none() {
         let rules = compiled();
-        let mut ledger = Ledger::new(rules.len());
+        let mut ledger = ledger(&rules);
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         let to = |code: &str| {
             line(&format!(
@@ -614,18 +721,21 @@ mod tests {
     #[test]
     fn timestamps_place_records_in_time() {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        let at = record_time(Some(100_000_000), Some(Duration::from_secs(400)), now);
+        let since_boot = |usec| Stamp::SinceBoot(usec);
+        let at = record_time(since_boot(100_000_000), Some(Duration::from_secs(400)), now);
         assert_eq!(age(now, at), Duration::from_secs(300));
-        assert_eq!(record_time(Some(1), None, now), now);
-        assert_eq!(record_time(Some(10_000_000_000), Some(Duration::from_secs(1)), now), now);
+        assert_eq!(record_time(since_boot(1), None, now), now);
+        assert_eq!(record_time(since_boot(10_000_000_000), Some(Duration::from_secs(1)), now), now);
+        let wall = now - Duration::from_secs(5);
+        assert_eq!(record_time(Stamp::Wall(wall), None, now), wall);
     }
 
     #[test]
     fn old_backlog_matches_do_not_count() {
         let rules = compiled();
-        let mut ledger = Ledger::new(rules.len());
+        let mut ledger = ledger(&rules);
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        let old = Record { text: XID79.to_owned(), usec: Some(1_000_000) };
+        let old = Record { stamp: Stamp::SinceBoot(1_000_000), ..Record::now(XID79) };
         assert!(ledger.record(&rules, &old, Some(Duration::from_secs(3 * 86_400)), now));
         assert!(ledger.findings(&rules, now).is_empty());
         assert_eq!(ledger.matches.iter().sum::<u64>(), 1);
@@ -634,7 +744,7 @@ mod tests {
     #[test]
     fn subjects_are_bounded() {
         let rules = compiled();
-        let mut ledger = Ledger::new(rules.len());
+        let mut ledger = ledger(&rules);
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         for i in 0..(MAX_SUBJECTS + 50) {
             let text = format!("NETDEV WATCHDOG: eth{i} (x): transmit queue 0 timed out");

@@ -13,6 +13,7 @@ pub mod gpu;
 pub mod host;
 pub mod kernel_log;
 pub mod nic;
+pub mod pcie;
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -24,7 +25,8 @@ use crate::config::{AgentConfig, HostPaths, Schedule};
 use crate::metrics::Sample;
 
 /// The names of every check, in the order they run and are shown.
-pub const CHECK_NAMES: [&str; 5] = [gpu::NAME, kernel_log::NAME, nic::NAME, disk::NAME, host::NAME];
+pub const CHECK_NAMES: [&str; 6] =
+    [gpu::NAME, kernel_log::NAME, nic::NAME, pcie::NAME, disk::NAME, host::NAME];
 
 /// One check: looks at one part of the node and says what it saw.
 pub trait Check: Send {
@@ -123,6 +125,7 @@ pub fn build(config: &AgentConfig, node: &str, mode: Mode) -> Vec<ScheduledCheck
         Box::new(kernel_log::KernelLogCheck::new(&checks.kernel_log, ctx))
     });
     add(checks.nic.schedule(), &|ctx| Box::new(nic::NicCheck::new(&checks.nic, ctx)));
+    add(checks.pcie.schedule(), &|ctx| Box::new(pcie::PcieCheck::new(&checks.pcie, ctx)));
     add(checks.disk.schedule(), &|ctx| Box::new(disk::DiskCheck::new(&checks.disk, ctx)));
     add(checks.host.schedule(), &|ctx| Box::new(host::HostCheck::new(&checks.host, ctx)));
     built

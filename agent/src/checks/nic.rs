@@ -10,6 +10,23 @@
 //! is administratively down, counters a driver lacks) is absent, not an error. A file that is there
 //! but holds nothing usable (empty, `abc`) is also absent, and named by an `unknown` finding
 //! (`nic_unreadable` / `ib_unreadable`); the rest of the subject is still reported.
+//!
+//! Findings per interface (subject = its name): `nic_down`, `nic_missing` (required and down or
+//! absent: `fail`, `drain`), `nic_speed`, `nic_mtu`, `nic_flapping`, `nic_errors` (`warn`),
+//! `nic_unreadable`. Per IB port (subject = `device/port`): `ib_port_down`, `ib_port_missing`
+//! (required and not ACTIVE/LinkUp or absent: `fail`, `drain`), `ib_flapping` (`warn`),
+//! `ib_unreadable`, and three judged by how the port's error counters move, never by their value
+//! (a port that went down once a month ago carries that count until the driver reloads; a counter
+//! that went down was reset and is a new baseline, not a rate):
+//! - `ib_link_downed`: `link_downed` rose since the previous read → `warn`, action `none`, for
+//!   `ib_link_downed_window` after the last rise, then ok. The port came back by itself (else
+//!   `ib_port_down` says so), but every drop kills the collectives of the jobs across it; whether
+//!   that is worth a repair is the repairer's policy (`ib_flapping` counts the drops).
+//! - `ib_symbol_errors`: more `symbol_error`s within the last hour than
+//!   `ib_symbol_errors_warn_per_hour` → `warn`, `none`: a cable or transceiver going bad, which
+//!   neither a reboot nor a reset fixes; a person swaps it.
+//! - `ib_receive_errors`: `port_rcv_errors` per second between two reads above
+//!   `ib_receive_errors_warn_per_second` → `warn`, `none`, for the same reason.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io::{self, Read};
@@ -33,8 +50,9 @@ pub const DEFAULT_IGNORE: &str = r"^(lo|docker.*|veth.*|br-.*|virbr.*|cni.*|flan
 /// Most sysfs bytes read from one file; attribute files are a line at most.
 const MAX_ATTR_BYTES: u64 = 4096;
 
-/// Most counter change points kept per subject for flap counting. Each kept point is a change of
-/// at least one, so when the cap is hit the count in the window is far above any sane threshold.
+/// Most counter change points kept per subject for counting within a window (flaps, symbol
+/// errors). Each kept point is a change of at least one, so when the cap is hit the count in the
+/// window is far above any sane threshold.
 const MAX_FLAP_SAMPLES: usize = 256;
 
 /// Shortest time between two samples for a rate: runs triggered close together would otherwise
@@ -80,6 +98,16 @@ pub struct NicConfig {
     pub ib_flap_window: Duration,
     /// `link_downed` increases within `ib_flap_window` at which a port is flapping (warn).
     pub ib_flap_max: u64,
+    /// How long `ib_link_downed` keeps warning after `link_downed` last rose.
+    #[serde(with = "humantime_serde")]
+    pub ib_link_downed_window: Duration,
+    /// Symbol errors of an IB port within the last hour above which it warns (`ib_symbol_errors`).
+    /// A few a day are normal on long copper or optical links; a steady stream is a cable or
+    /// transceiver going bad.
+    pub ib_symbol_errors_warn_per_hour: f64,
+    /// Receive errors (`port_rcv_errors`) per second of an IB port above which it warns
+    /// (`ib_receive_errors`).
+    pub ib_receive_errors_warn_per_second: f64,
 }
 
 impl Default for NicConfig {
@@ -99,6 +127,9 @@ impl Default for NicConfig {
             required_ib: Vec::new(),
             ib_flap_window: Duration::from_secs(3 * 3600),
             ib_flap_max: 3,
+            ib_link_downed_window: Duration::from_secs(15 * 60),
+            ib_symbol_errors_warn_per_hour: 10.0,
+            ib_receive_errors_warn_per_second: 1.0,
         }
     }
 }
@@ -138,9 +169,11 @@ impl NicConfig {
                 );
             }
         }
-        for (field, window) in
-            [("flap_window", self.flap_window), ("ib_flap_window", self.ib_flap_window)]
-        {
+        for (field, window) in [
+            ("flap_window", self.flap_window),
+            ("ib_flap_window", self.ib_flap_window),
+            ("ib_link_downed_window", self.ib_link_downed_window),
+        ] {
             if window.is_zero() {
                 problems.push(format!("{section}.{field}"), "must be greater than zero");
             }
@@ -153,6 +186,8 @@ impl NicConfig {
         for (field, rate) in [
             ("max_errors_per_second", self.max_errors_per_second),
             ("max_drops_per_second", self.max_drops_per_second),
+            ("ib_symbol_errors_warn_per_hour", self.ib_symbol_errors_warn_per_hour),
+            ("ib_receive_errors_warn_per_second", self.ib_receive_errors_warn_per_second),
         ] {
             if !rate.is_finite() || rate < 0.0 {
                 problems.push(format!("{section}.{field}"), "must be a number of zero or more");
@@ -189,9 +224,9 @@ fn parse_ib_requirement(entry: &str) -> Option<(&str, Option<u32>)> {
     }
 }
 
-/// One sysfs attribute as read.
+/// One sysfs attribute as read (the pcie check reads its files the same way).
 #[derive(Debug, Clone, PartialEq)]
-enum Attr<T> {
+pub(super) enum Attr<T> {
     Value(T),
     /// Not there, or not reported in the current state (e.g. speed of a down link).
     Absent,
@@ -201,11 +236,11 @@ enum Attr<T> {
 
 /// The files of one subject that held garbage, as their values are taken.
 #[derive(Debug, Default)]
-struct Unusable(Vec<String>);
+pub(super) struct Unusable(pub(super) Vec<String>);
 
 impl Unusable {
     /// The value of `attr`, noting garbage; `dir` prefixes the file name (`statistics/`).
-    fn take<T>(&mut self, attr: Attr<T>, dir: &str) -> Option<T> {
+    pub(super) fn take<T>(&mut self, attr: Attr<T>, dir: &str) -> Option<T> {
         match attr {
             Attr::Value(value) => Some(value),
             Attr::Absent => None,
@@ -234,7 +269,7 @@ fn read_attr(path: &Path) -> io::Result<Option<String>> {
 }
 
 /// Reads and parses `dir/name`; `parse` returns `None` for garbage.
-fn attr<T>(dir: &Path, name: &str, parse: impl Fn(&str) -> Option<T>) -> Attr<T> {
+pub(super) fn attr<T>(dir: &Path, name: &str, parse: impl Fn(&str) -> Option<T>) -> Attr<T> {
     match read_attr(&dir.join(name)) {
         Ok(None) => Attr::Absent,
         Ok(Some(text)) if text.is_empty() => Attr::Garbage(format!("{name}: empty")),
@@ -377,6 +412,55 @@ struct InterfaceHistory {
     rates: [CounterRate; 4],
 }
 
+/// The history kept for one InfiniBand port.
+#[derive(Debug, Clone, Default)]
+struct IbPortHistory {
+    /// `link_downed` change points, for `ib_flapping`.
+    link_downed_flaps: CounterHistory,
+    /// `link_downed` at the previous read and its latest rise, for `ib_link_downed`.
+    link_downed: CounterRise,
+    /// `symbol_error` change points within [`SYMBOL_ERROR_WINDOW`].
+    symbol_errors: CounterHistory,
+    /// `port_rcv_errors`.
+    receive_errors: CounterRate,
+}
+
+/// The window `ib_symbol_errors_warn_per_hour` counts in.
+const SYMBOL_ERROR_WINDOW: Duration = Duration::from_secs(3600);
+
+/// A cumulative counter's previous reading and its latest rise.
+#[derive(Debug, Clone, Default)]
+struct CounterRise {
+    previous: Option<u64>,
+    /// When it last rose, and by how much.
+    latest: Option<(SystemTime, u64)>,
+}
+
+impl CounterRise {
+    /// Takes a reading and returns the rise since the previous one: zero on the first reading
+    /// (what happened before the agent looked is the baseline) and when the counter went down (it
+    /// was reset: the new value is the baseline).
+    fn observe(&mut self, now: SystemTime, value: u64) -> u64 {
+        let rise = self.previous.map_or(0, |before| value.saturating_sub(before));
+        self.previous = Some(value);
+        if rise > 0 {
+            self.latest = Some((now, rise));
+        }
+        rise
+    }
+
+    /// The latest rise and its age, when it is younger than `window`. A clock that went back
+    /// counts as "just now".
+    fn within(&self, now: SystemTime, window: Duration) -> Option<(u64, Duration)> {
+        let (at, rise) = self.latest?;
+        match now.duration_since(at) {
+            Ok(age) if age < window => Some((rise, age)),
+            Ok(_) => None,
+            Err(_) => Some((rise, Duration::ZERO)),
+        }
+    }
+}
+
 /// The statistics counters, in [`InterfaceHistory::rates`] order: (file, metric, direction).
 const STATISTICS: [(&str, bool, &str); 4] = [
     ("rx_errors", true, "rx"),
@@ -396,7 +480,7 @@ pub struct NicCheck {
     /// Required IB ports: (device, port or every port), from `required_ib`.
     required_ib: Vec<(String, Option<u32>)>,
     interfaces: BTreeMap<String, InterfaceHistory>,
-    ib_ports: BTreeMap<(String, u32), CounterHistory>,
+    ib_ports: BTreeMap<(String, u32), IbPortHistory>,
 }
 
 impl NicCheck {
@@ -551,7 +635,7 @@ impl NicCheck {
 
 /// The names of the directories in `dir` (entries that are links to directories count, as in
 /// sysfs; plain files such as `bonding_masters` do not).
-fn list_dirs(dir: &Path) -> io::Result<BTreeSet<String>> {
+pub(super) fn list_dirs(dir: &Path) -> io::Result<BTreeSet<String>> {
     let mut names = BTreeSet::new();
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
@@ -744,7 +828,7 @@ fn interface(
         )
     });
 
-    out.findings.push(unreadable_finding("nic_unreadable", name, dir, &unusable));
+    out.findings.push(unreadable_finding(NAME, "nic_unreadable", name, dir, &unusable));
 }
 
 /// Looks at one InfiniBand/EFA port. A required port that is not ACTIVE/LinkUp fails with `drain`,
@@ -757,7 +841,7 @@ fn ib_port(
     device: &str,
     port: u32,
     required: bool,
-    history: &mut CounterHistory,
+    history: &mut IbPortHistory,
     now: SystemTime,
     out: &mut Observation,
 ) {
@@ -838,7 +922,8 @@ fn ib_port(
         ),
     });
 
-    let flaps = link_downed.map(|c| history.observe(now, c, config.ib_flap_window));
+    let flaps =
+        link_downed.map(|c| history.link_downed_flaps.observe(now, c, config.ib_flap_window));
     out.findings.push(flap_finding(
         "ib_flapping",
         &subject,
@@ -847,7 +932,101 @@ fn ib_port(
         config.ib_flap_window,
         "link_downed increases",
     ));
-    out.findings.push(unreadable_finding("ib_unreadable", &subject, dir, &unusable));
+    let counters = IbCounters { link_downed, symbol_errors, receive_errors };
+    out.findings.extend(ib_counter_findings(config, &subject, counters, history, now));
+    out.findings.push(unreadable_finding(NAME, "ib_unreadable", &subject, dir, &unusable));
+}
+
+/// The error counters of one IB port as read; `None` when not reported or unusable.
+#[derive(Debug, Clone, Copy)]
+struct IbCounters {
+    link_downed: Option<u64>,
+    symbol_errors: Option<u64>,
+    receive_errors: Option<u64>,
+}
+
+/// `ib_link_downed`, `ib_symbol_errors` and `ib_receive_errors` of one port, judged by how the
+/// counters moved between reads, never by their value: a port that went down once a month ago
+/// carries that count until the driver reloads. A counter that is not reported has nothing to
+/// judge (ok); one that went down was reset and starts a new baseline.
+fn ib_counter_findings(
+    config: &NicConfig,
+    subject: &str,
+    counters: IbCounters,
+    history: &mut IbPortHistory,
+    now: SystemTime,
+) -> [Finding; 3] {
+    let warn = |finding: &str, message: String| {
+        Finding::new(NAME, finding, subject, Status::Warn, RecommendedAction::None, message)
+    };
+    let ok = |finding: &str, message: String| {
+        Finding::new(NAME, finding, subject, Status::Ok, RecommendedAction::None, message)
+    };
+
+    let window = config.ib_link_downed_window;
+    let link_downed = match counters.link_downed {
+        None => Finding::ok(NAME, "ib_link_downed", subject),
+        Some(value) => {
+            let rise = history.link_downed.observe(now, value);
+            if rise > 0 {
+                warn(
+                    "ib_link_downed",
+                    format!("{subject}: link went down {rise} time(s) since the last read"),
+                )
+                .with_value(rise as f64)
+            } else if let Some((rise, age)) = history.link_downed.within(now, window) {
+                let age = humantime::format_duration(Duration::from_secs(age.as_secs()));
+                warn(
+                    "ib_link_downed",
+                    format!(
+                        "{subject}: link went down {rise} time(s) {age} ago (warns for {} after)",
+                        humantime::format_duration(window)
+                    ),
+                )
+                .with_value(rise as f64)
+            } else {
+                ok(
+                    "ib_link_downed",
+                    format!(
+                        "link_downed {value}, no rise within {}",
+                        humantime::format_duration(window)
+                    ),
+                )
+                .with_value(0.0)
+            }
+        }
+    };
+
+    let max = config.ib_symbol_errors_warn_per_hour;
+    let symbol_errors = match counters.symbol_errors {
+        None => Finding::ok(NAME, "ib_symbol_errors", subject),
+        Some(value) => {
+            let count = history.symbol_errors.observe(now, value, SYMBOL_ERROR_WINDOW);
+            let text = format!("{count} symbol error(s) within the last hour (warns above {max})");
+            if count as f64 > max {
+                warn("ib_symbol_errors", format!("{subject}: {text}"))
+            } else {
+                ok("ib_symbol_errors", text)
+            }
+            .with_value(count as f64)
+        }
+    };
+
+    let max = config.ib_receive_errors_warn_per_second;
+    let rate = counters.receive_errors.and_then(|value| history.receive_errors.observe(now, value));
+    let receive_errors = match rate {
+        None => Finding::ok(NAME, "ib_receive_errors", subject),
+        Some(rate) => {
+            let text = format!("{rate:.1} receive errors/s (warns above {max})");
+            if rate > max {
+                warn("ib_receive_errors", format!("{subject}: {text}"))
+            } else {
+                ok("ib_receive_errors", text)
+            }
+            .with_value(rate)
+        }
+    };
+    [link_downed, symbol_errors, receive_errors]
 }
 
 /// Warns when `flaps` reached `max` within `window`; ok otherwise (also when the counter is not
@@ -876,13 +1055,20 @@ fn flap_finding(
     }
 }
 
-/// `unknown` naming the files that held garbage, ok when there were none.
-fn unreadable_finding(finding: &str, subject: &str, dir: &Path, unusable: &Unusable) -> Finding {
+/// `unknown` naming the sysfs files that were missing or held garbage, ok when there were none
+/// (`check`'s `finding` about `subject`; the pcie check uses it too).
+pub(super) fn unreadable_finding(
+    check: &str,
+    finding: &str,
+    subject: &str,
+    dir: &Path,
+    unusable: &Unusable,
+) -> Finding {
     if unusable.0.is_empty() {
-        Finding::ok(NAME, finding, subject)
+        Finding::ok(check, finding, subject)
     } else {
         Finding::new(
-            NAME,
+            check,
             finding,
             subject,
             Status::Unknown,
@@ -982,12 +1168,30 @@ mod tests {
     }
 
     #[test]
+    fn rises_are_against_the_previous_read_and_resets_are_baselines() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let window = Duration::from_secs(900);
+        let mut r = CounterRise::default();
+        assert_eq!(r.observe(at(0), 7), 0, "what came before the agent is the baseline");
+        assert_eq!(r.within(at(0), window), None);
+        assert_eq!(r.observe(at(10), 9), 2);
+        assert_eq!(r.observe(at(20), 9), 0);
+        assert_eq!(r.within(at(20), window), Some((2, Duration::from_secs(10))));
+        assert_eq!(r.within(at(910), window), None);
+        assert_eq!(r.within(at(5), window), Some((2, Duration::ZERO)), "clock went back");
+        assert_eq!(r.observe(at(30), 1), 0, "reset");
+        assert_eq!(r.observe(at(40), 2), 1);
+    }
+
+    #[test]
     fn config_problems_name_fields() {
         let config = NicConfig {
             required: vec!["a/b".into()],
             ignore: "(".into(),
             flap_max: 0,
             max_drops_per_second: -1.0,
+            ib_receive_errors_warn_per_second: f64::NAN,
             required_ib: vec!["mlx5_0/one".into()],
             expected_mtu: BTreeMap::from([("eth0".into(), 10)]),
             ..NicConfig::default()
@@ -1000,6 +1204,7 @@ mod tests {
             "checks.nic.ignore",
             "checks.nic.flap_max",
             "checks.nic.max_drops_per_second",
+            "checks.nic.ib_receive_errors_warn_per_second",
             "checks.nic.required_ib[0]",
             "checks.nic.expected_mtu.eth0",
         ] {

@@ -217,6 +217,9 @@ pub struct GpuState {
     /// Current PCIe link width (lanes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pcie_link_width: Option<u32>,
+    /// The widest PCIe link the GPU and its slot can train to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_link_width_max: Option<u32>,
     /// NVLink links the GPU reports; empty on GPUs without NVLink.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nvlinks: Vec<NvLinkState>,

@@ -243,6 +243,7 @@ fn read_gpu(nvml: &Nvml, index: u32) -> GpuState {
     gpu.pcie_replays = p.get("pcie_replay_counter", || device.pcie_replay_counter()).map(u64::from);
     gpu.pcie_link_gen = p.get("current_pcie_link_gen", || device.current_pcie_link_gen());
     gpu.pcie_link_width = p.get("current_pcie_link_width", || device.current_pcie_link_width());
+    gpu.pcie_link_width_max = p.get("max_pcie_link_width", || device.max_pcie_link_width());
     gpu.persistence_mode = p.get("is_in_persistent_mode", || device.is_in_persistent_mode());
 
     // Row remapping has no wrapper in nvml-wrapper 0.13; its field values give the same counts

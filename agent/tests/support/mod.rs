@@ -15,6 +15,25 @@ pub fn fixture(case: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(case)
 }
 
+/// A writable copy of a fixture case, removed when dropped.
+pub fn copy_case(case: &str) -> tempfile::TempDir {
+    fn copy(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let target = to.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                copy(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), &target).unwrap();
+            }
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    copy(&fixture(case), dir.path());
+    dir
+}
+
 /// What a check is built with: node `node1` and a fresh event signal.
 pub fn build_context(paths: &HostPaths, mode: Mode) -> BuildContext<'_> {
     BuildContext { paths, node: "node1", mode, events: EventSignal::default() }

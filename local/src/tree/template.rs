@@ -47,6 +47,48 @@ pub const HEALTHY: &[(&str, &str)] = &[
         include_str!("../../../agent/tests/fixtures/healthy/sys/block/sda/size"),
     ),
     (
+        "sys/bus/pci/devices/0000:0c:00.0/class",
+        include_str!(
+            "../../../agent/tests/fixtures/healthy/sys/bus/pci/devices/0000:0c:00.0/class"
+        ),
+    ),
+    (
+        "sys/bus/pci/devices/0000:0c:00.0/current_link_speed",
+        include_str!(
+            "../../../agent/tests/fixtures/healthy/sys/bus/pci/devices/0000:0c:00.0/current_link_speed"
+        ),
+    ),
+    (
+        "sys/bus/pci/devices/0000:0c:00.0/current_link_width",
+        include_str!(
+            "../../../agent/tests/fixtures/healthy/sys/bus/pci/devices/0000:0c:00.0/current_link_width"
+        ),
+    ),
+    (
+        "sys/bus/pci/devices/0000:0c:00.0/device",
+        include_str!(
+            "../../../agent/tests/fixtures/healthy/sys/bus/pci/devices/0000:0c:00.0/device"
+        ),
+    ),
+    (
+        "sys/bus/pci/devices/0000:0c:00.0/max_link_speed",
+        include_str!(
+            "../../../agent/tests/fixtures/healthy/sys/bus/pci/devices/0000:0c:00.0/max_link_speed"
+        ),
+    ),
+    (
+        "sys/bus/pci/devices/0000:0c:00.0/max_link_width",
+        include_str!(
+            "../../../agent/tests/fixtures/healthy/sys/bus/pci/devices/0000:0c:00.0/max_link_width"
+        ),
+    ),
+    (
+        "sys/bus/pci/devices/0000:0c:00.0/vendor",
+        include_str!(
+            "../../../agent/tests/fixtures/healthy/sys/bus/pci/devices/0000:0c:00.0/vendor"
+        ),
+    ),
+    (
         "sys/class/infiniband/mlx5_0/ports/1/counters/link_downed",
         include_str!(
             "../../../agent/tests/fixtures/healthy/sys/class/infiniband/mlx5_0/ports/1/counters/link_downed"

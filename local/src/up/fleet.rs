@@ -20,6 +20,7 @@ use fleetmend_repairer::model::{Event, NodeState};
 // Re-exported: FleetConfig::mode names it.
 pub use fleetmend_repairer::policy::Mode;
 use fleetmend_repairer::queue::{JobQueue, JobSpec, JobState, JobView};
+use fleetmend_repairer::scheduler::slurm::spares as slurm_spares;
 use fleetmend_repairer::scheduler::slurm::{SlurmConfig, SlurmScheduler};
 use fleetmend_repairer::scheduler::{SPARE_REASON, Scheduler};
 use fleetmend_repairer::service::{self, Repairer};
@@ -300,6 +301,9 @@ struct SlurmFleet {
     job: Option<Arc<SlurmJob>>,
     /// Reads the job's status from Slurm every [`SLURM_POLL`].
     poller: Option<tokio::task::JoinHandle<()>>,
+    /// Reads which nodes Slurm holds as hot spares every [`SLURM_POLL`] (the local provider
+    /// replaces a node only with one of them: a spare the repairer released runs a job).
+    spare_watch: tokio::task::JoinHandle<()>,
 }
 
 /// How often the Slurm job's status is read.
@@ -422,6 +426,7 @@ impl Fleet {
             supervisor.add(tree, *role)?;
         }
 
+        let slurm_spares: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
         let slurm = match &config.scheduler {
             FleetScheduler::Embedded => None,
             FleetScheduler::Slurm { conf } => {
@@ -434,12 +439,19 @@ impl Fleet {
                         return Err(err.into());
                     }
                 };
-                let slurm_config = slurm_config(cluster.conf(), node_names);
+                let slurm_config = slurm_config(cluster.conf(), node_names, config.spares);
+                let cluster = Arc::new(cluster);
+                let spare_watch = tokio::spawn(watch_slurm_spares(
+                    cluster.clone(),
+                    SlurmScheduler::new(slurm_config.clone()),
+                    slurm_spares.clone(),
+                ));
                 Some(SlurmFleet {
-                    cluster: Arc::new(cluster),
+                    cluster,
                     config: slurm_config,
                     job: None,
                     poller: None,
+                    spare_watch,
                 })
             }
         };
@@ -480,6 +492,11 @@ impl Fleet {
         if let Some(queue) = &queue {
             let queue = queue.clone();
             provider.set_standby(Arc::new(move || queue.spares()));
+        } else if slurm.is_some() {
+            let spares = slurm_spares.clone();
+            provider.set_standby(Arc::new(move || {
+                spares.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+            }));
         }
         let repairer_url = format!("http://{}", repairer.local_addr);
         supervisor.set_repairer_url(&repairer_url);
@@ -933,6 +950,7 @@ impl Fleet {
             if let Some(poller) = slurm.poller.take() {
                 poller.abort();
             }
+            slurm.spare_watch.abort();
             let unfinished =
                 slurm.job.as_ref().filter(|j| !j.status().is_some_and(|s| s.is_final()));
             if let Some(job) = unfinished {
@@ -1013,10 +1031,31 @@ impl Fleet {
 
 /// The repairer's `[slurm]` settings for a fleet on `conf`: snappy timeouts for one machine,
 /// slurmctld retried for half a minute before a workflow step fails (and is retried itself).
-fn slurm_config(conf: &Path, node_names: BTreeMap<String, String>) -> SlurmConfig {
+/// Keeps `spares` (fleetmend names) to the nodes Slurm holds as hot spares.
+async fn watch_slurm_spares(
+    cluster: Arc<SlurmCluster>,
+    names: SlurmScheduler,
+    spares: Arc<std::sync::Mutex<Vec<String>>>,
+) {
+    loop {
+        if let Ok(listing) = cluster.slurm("sinfo", &["-h", "-N", "-o", "%N|%T|%E"]).await {
+            let held: Vec<String> = slurm_spares::parse_nodes(&listing)
+                .into_iter()
+                .filter(slurm_spares::NodeLine::is_spare)
+                .map(|n| names.fleetmend_name(&n.name).to_owned())
+                .collect();
+            *spares.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = held;
+        }
+        tokio::time::sleep(SLURM_POLL).await;
+    }
+}
+
+fn slurm_config(conf: &Path, node_names: BTreeMap<String, String>, spares: u32) -> SlurmConfig {
     SlurmConfig {
         slurm_conf: Some(conf.to_owned()),
         node_names,
+        spare_pool: spares,
+        spare_poll: Duration::from_secs(1),
         command_timeout: Duration::from_secs(15),
         controller_retry_for: Duration::from_secs(30),
         controller_retry_max_backoff: Duration::from_secs(2),
@@ -1100,7 +1139,7 @@ mod tests {
             ("node-1".to_owned(), "node1".to_owned()),
             ("node-2".to_owned(), "node2".to_owned()),
         ]);
-        let slurm = slurm_config(Path::new("/tmp/x/slurm/slurm.conf"), names.clone());
+        let slurm = slurm_config(Path::new("/tmp/x/slurm/slurm.conf"), names.clone(), 1);
         let repairer = Fleet::repairer_config(
             &config,
             Path::new("/tmp/x"),

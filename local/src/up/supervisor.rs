@@ -82,18 +82,20 @@ pub struct AgentSettings {
 }
 
 impl AgentSettings {
-    /// The `[report]` and `[jobs]` sections of `node`'s agent config.
+    /// The `[report]`, `[jobs]` and `[commands.evidence]` sections of `node`'s agent config.
     pub fn agent_toml(&self, repairer_url: &str, jobs_dir: &Path) -> String {
+        let evidence = jobs_dir.parent().unwrap_or(jobs_dir).join("evidence");
         format!(
             "[report]\nrepairer = {repairer}\ntoken_file = {token}\ninterval = \"{interval}\"\n\
              timeout = \"2s\"\nbackoff_initial = \"200ms\"\nbackoff_max = \"2s\"\n\n\
              [jobs]\nenabled = true\ndir = {jobs}\nadvertise_address = \"127.0.0.1\"\n\
-             stop_grace = \"{grace}\"\n",
+             stop_grace = \"{grace}\"\n\n[commands.evidence]\ndir = {evidence}\n",
             repairer = toml_string(repairer_url),
             token = toml_string(&self.token_file.display().to_string()),
             interval = humantime::format_duration(self.report_interval),
             jobs = toml_string(&jobs_dir.display().to_string()),
             grace = humantime::format_duration(self.rank_stop_grace),
+            evidence = toml_string(&evidence.display().to_string()),
         )
     }
 }
@@ -757,5 +759,9 @@ mod tests {
         assert_eq!(value["jobs"]["enabled"].as_bool(), Some(true));
         assert_eq!(value["jobs"]["dir"].as_str(), Some("/state/nodes/node-1/jobs"));
         assert_eq!(value["jobs"]["advertise_address"].as_str(), Some("127.0.0.1"));
+        assert_eq!(
+            value["commands"]["evidence"]["dir"].as_str(),
+            Some("/state/nodes/node-1/evidence")
+        );
     }
 }

@@ -165,6 +165,10 @@ impl Engine {
             limits: workflow::Limits {
                 timeouts: parts.config.workflow.clone(),
                 settle: parts.policy.guard_rails.settle,
+                silent_after: parts
+                    .config
+                    .report_interval
+                    .saturating_mul(parts.config.unreachable_after),
             },
             cooldown: parts.policy.guard_rails.cooldown,
             instance: started_ms,

@@ -88,7 +88,7 @@ pub struct RuleConfig {
     /// Only findings from this source (agent, alertmanager, cloudwatch, repairer).
     #[serde(default)]
     pub source: Option<FindingSource>,
-    /// Only findings of this check (`gpu`, `kernel_log`, `nic`, `disk`, `host`, ...).
+    /// Only findings of this check (`gpu`, `kernel_log`, `nic`, `pcie`, `disk`, `host`, ...).
     #[serde(default)]
     pub check: Option<String>,
     /// Only findings with this id (`xid`, `nic_down`, ...).

@@ -5,8 +5,9 @@
 //! fleetmend's, never an admin's drain. Requeue starts the job at once instead of leaving it
 //! ineligible for Slurm's ~120 s BeginTime.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use fleetmend_process::RunError;
@@ -18,6 +19,7 @@ use crate::scheduler::{
 };
 
 mod own_drain;
+pub mod spares;
 
 pub use own_drain::{
     OWN_DRAIN_REASON_MAX_CHARS, OwnDrain, SelfDrain, SelfDrainLimits, drain_self, own_drain_reason,
@@ -70,6 +72,13 @@ pub struct SlurmConfig {
     /// Longest requeue waits for the job to leave `COMPLETING` before it starts it at once.
     #[serde(with = "humantime_serde")]
     pub requeue_settle_timeout: Duration,
+    /// Hot spares to hold: idle nodes fleetmend holds healthy are drained with the reason
+    /// `fleetmend: spare` while fewer are held and no job waits for nodes. Any spare (also one an
+    /// operator drained with that reason) is resumed at once for a pending job short of nodes.
+    pub spare_pool: u32,
+    /// How often the spares are looked after (`sinfo`, and `squeue` while there are spares).
+    #[serde(with = "humantime_serde")]
+    pub spare_poll: Duration,
 }
 
 impl Default for SlurmConfig {
@@ -82,6 +91,8 @@ impl Default for SlurmConfig {
             controller_retry_for: Duration::from_secs(120),
             controller_retry_max_backoff: Duration::from_secs(5),
             requeue_settle_timeout: Duration::from_secs(30),
+            spare_pool: 0,
+            spare_poll: Duration::from_secs(5),
         }
     }
 }
@@ -101,6 +112,9 @@ impl SlurmConfig {
                 format!("{prefix}.requeue_settle_timeout"),
                 "must be greater than zero".to_owned(),
             ));
+        }
+        if self.spare_poll.is_zero() {
+            problems.push((format!("{prefix}.spare_poll"), "must be greater than zero".to_owned()));
         }
         if self.controller_retry_max_backoff.is_zero() {
             problems.push((
@@ -209,13 +223,30 @@ pub struct SlurmScheduler {
     config: SlurmConfig,
     /// Slurm node name → fleetmend node name.
     from_slurm: BTreeMap<String, String>,
+    /// The jobs fleetmend requeued, each with when the spare keeper first saw it (its clock's
+    /// milliseconds; `None` until then): each lost a node to a drain, so the keeper hands it
+    /// spares before Slurm's scheduler has given its pending reason.
+    requeued: Arc<Mutex<BTreeMap<String, Option<u64>>>>,
 }
+
+/// How long a requeued job counts as short of nodes for the spare keeper, in milliseconds.
+const REQUEUED_MEMORY_MS: u64 = 600_000;
 
 impl SlurmScheduler {
     pub fn new(config: SlurmConfig) -> SlurmScheduler {
         let from_slurm =
             config.node_names.iter().map(|(ours, theirs)| (theirs.clone(), ours.clone())).collect();
-        SlurmScheduler { config, from_slurm }
+        SlurmScheduler { config, from_slurm, requeued: Arc::default() }
+    }
+
+    /// The jobs fleetmend requeued that the spare keeper first saw less than
+    /// [`REQUEUED_MEMORY_MS`] before `now_ms` (its clock); older ones are forgotten.
+    pub fn recently_requeued(&self, now_ms: u64) -> BTreeSet<String> {
+        let mut requeued = self.requeued.lock().unwrap_or_else(PoisonError::into_inner);
+        requeued.retain(|_, seen| {
+            now_ms.saturating_sub(*seen.get_or_insert(now_ms)) < REQUEUED_MEMORY_MS
+        });
+        requeued.keys().cloned().collect()
     }
 
     /// The Slurm name of fleetmend's `node`.
@@ -248,6 +279,19 @@ impl SlurmScheduler {
             .await
             .map(|output| output.stdout)
             .map_err(|failure| failure.node_error(node))
+    }
+
+    /// Runs one Slurm command about no node or job in particular (a listing); its stdout.
+    pub(crate) async fn run_listing(
+        &self,
+        operation: &'static str,
+        program: &str,
+        args: &[&str],
+    ) -> Result<String, SchedulerError> {
+        self.run(operation, program, args)
+            .await
+            .map(|output| output.stdout)
+            .map_err(CommandFailure::into_error)
     }
 
     fn program(&self, name: &str) -> PathBuf {
@@ -475,8 +519,10 @@ impl Scheduler for SlurmScheduler {
     ) -> BoxFuture<'a, Result<(), SchedulerError>> {
         Box::pin(async move {
             let current = self.show_node_for("drain", node).await?;
-            // Already drained: by fleetmend (idempotent), or by an admin whose reason stays.
-            if current.is_drained() {
+            // Already drained: by fleetmend (idempotent), or by an admin whose reason stays. A
+            // hot spare's reason is replaced: a spare with a fault must never be handed a job.
+            let spare = current.reason.as_deref().is_some_and(super::is_spare);
+            if current.is_drained() && !spare {
                 return Ok(());
             }
             let name = self.slurm_name(node);
@@ -600,178 +646,14 @@ impl Scheduler for SlurmScheduler {
             self.run("requeue", "scontrol", &["update", &job_arg, "StartTime=now"])
                 .await
                 .map_err(|failure| failure.job_error(job))?;
+            self.requeued
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(job.to_owned(), None);
             Ok(())
         })
     }
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
-    use super::*;
-
-    #[test]
-    fn plain_names_are_single_slurm_node_names() {
-        assert!(is_plain_name("node2"));
-        assert!(is_plain_name("gpu-a17.rack3"));
-        for bad in ["", "-n", "node[1-4]", "node1,node2", "a b"] {
-            assert!(!is_plain_name(bad), "{bad:?}");
-        }
-    }
-
-    const DRAINED: &str = "NodeName=node3 Arch=x86_64 CoresPerSocket=1 \n   CPUAlloc=0 CPUEfctv=2\n   \
-        State=IDLE+DRAIN ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A\n   \
-        Partitions=dev \n   Reason=maintenance now [root@2026-11-29T21:47:06]\n\n";
-
-    #[test]
-    fn parses_state_and_reason_without_the_stamp() {
-        let node = parse_show_node(DRAINED).unwrap();
-        assert_eq!(node.state, "IDLE+DRAIN");
-        assert_eq!(node.reason.as_deref(), Some("maintenance now"));
-        assert!(node.is_drained());
-        assert!(!node.reason_is_ours());
-        let ours = parse_show_node(
-            "   State=MIXED+DRAIN ThreadsPerCore=1\n   Reason=fleetmend: xid 79 [gpu 3] [root@2026-11-29T21:47:09]\n",
-        )
-        .unwrap();
-        assert_eq!(ours.reason.as_deref(), Some("fleetmend: xid 79 [gpu 3]"));
-        assert!(ours.reason_is_ours());
-        let idle = parse_show_node("   State=IDLE ThreadsPerCore=1\n").unwrap();
-        assert!(!idle.is_drained() && !idle.is_out());
-        assert_eq!(idle.reason, None);
-        let down = parse_show_node(
-            "   State=DOWN+NOT_RESPONDING x=1\n   Reason=Not responding [slurm@2026]\n",
-        )
-        .unwrap();
-        assert!(down.is_out() && !down.is_drained());
-        assert!(down.is_rebooting(), "slurmd does not answer");
-        assert!(!ours.is_rebooting() && !idle.is_rebooting());
-        let rebooting = parse_show_node(
-            "   State=DOWN+DRAIN+REBOOT_ISSUED x=1\n   Reason=fleetmend: reboot [root@2026]\n",
-        )
-        .unwrap();
-        assert!(rebooting.is_rebooting() && rebooting.reason_is_ours());
-        assert_eq!(parse_show_node("nothing here"), None);
-    }
-
-    #[test]
-    fn node_names_map_both_ways_identity_by_default() {
-        let mut config = SlurmConfig::default();
-        config.node_names.insert("gpu-a".to_owned(), "node1".to_owned());
-        let slurm = SlurmScheduler::new(config);
-        assert_eq!(slurm.slurm_name("gpu-a"), "node1");
-        assert_eq!(slurm.slurm_name("node2"), "node2");
-        assert_eq!(slurm.fleetmend_name("node1"), "gpu-a");
-        assert_eq!(slurm.fleetmend_name("node2"), "node2");
-    }
-
-    #[test]
-    fn validation_names_every_bad_field() {
-        let mut config = SlurmConfig {
-            command_timeout: Duration::ZERO,
-            requeue_settle_timeout: Duration::ZERO,
-            ..SlurmConfig::default()
-        };
-        config.node_names.insert("a".to_owned(), "node1".to_owned());
-        config.node_names.insert("b".to_owned(), "node1".to_owned());
-        config.node_names.insert("c".to_owned(), "node[1-2]".to_owned());
-        let fields: Vec<String> = config.problems("slurm").into_iter().map(|p| p.0).collect();
-        assert_eq!(
-            fields,
-            [
-                "slurm.command_timeout",
-                "slurm.requeue_settle_timeout",
-                "slurm.node_names.b",
-                "slurm.node_names.c"
-            ]
-        );
-        assert!(SlurmConfig::default().problems("slurm").is_empty());
-    }
-
-    #[tokio::test]
-    async fn a_missing_command_is_an_error_naming_it() {
-        let slurm = SlurmScheduler::new(SlurmConfig {
-            bin_dir: Some(PathBuf::from("/nonexistent/slurm/bin")),
-            ..SlurmConfig::default()
-        });
-        let err = slurm.drain("node1", "fleetmend: test").await.unwrap_err();
-        assert!(err.to_string().contains("/nonexistent/slurm/bin/scontrol"), "{err}");
-        let err = slurm.checkpoint("1; rm").await.unwrap_err();
-        assert!(err.to_string().contains("not a Slurm job id"), "{err}");
-    }
-
-    /// A fake `scontrol` that cannot reach slurmctld for its first `failures` calls, then
-    /// answers like a healthy idle node; it counts its calls in `calls`.
-    fn flaky_scontrol(dir: &std::path::Path, failures: u32) {
-        use std::os::unix::fs::PermissionsExt;
-        let calls = dir.join("calls");
-        let script = format!(
-            "#!/bin/sh\necho x >> {calls}\nn=$(wc -l < {calls})\n\
-             if [ \"$n\" -le {failures} ]; then\n  \
-             echo 'slurm_load_node error: Unable to contact slurm controller (connect failure)' >&2\n  \
-             exit 1\nfi\necho '   State=IDLE ThreadsPerCore=1'\n",
-            calls = calls.display()
-        );
-        let path = dir.join("scontrol");
-        std::fs::write(&path, script).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-
-    fn calls(dir: &std::path::Path) -> usize {
-        std::fs::read_to_string(dir.join("calls")).unwrap_or_default().lines().count()
-    }
-
-    #[tokio::test]
-    async fn an_unreachable_controller_is_retried_until_it_answers_or_time_is_up() {
-        let dir = tempfile::tempdir().unwrap();
-        flaky_scontrol(dir.path(), 3);
-        let config = SlurmConfig {
-            bin_dir: Some(dir.path().to_owned()),
-            controller_retry_for: Duration::from_secs(20),
-            controller_retry_max_backoff: Duration::from_millis(100),
-            ..SlurmConfig::default()
-        };
-        let slurm = SlurmScheduler::new(config.clone());
-        // 3 failed reads, the read that answers, the drain itself.
-        slurm.drain("node1", "fleetmend: test").await.unwrap();
-        assert_eq!(calls(dir.path()), 5);
-
-        let dir = tempfile::tempdir().unwrap();
-        flaky_scontrol(dir.path(), 1000);
-        let slurm = SlurmScheduler::new(SlurmConfig {
-            bin_dir: Some(dir.path().to_owned()),
-            controller_retry_for: Duration::from_millis(600),
-            ..config
-        });
-        let started = std::time::Instant::now();
-        let err = slurm.undrain("node1").await.unwrap_err().to_string();
-        assert!(err.contains("Unable to contact slurm controller"), "{err}");
-        assert!(err.contains("gave up after"), "{err}");
-        assert!(calls(dir.path()) >= 2, "retried: {}", calls(dir.path()));
-        assert!(started.elapsed() < Duration::from_secs(5));
-    }
-
-    #[tokio::test]
-    async fn a_hanging_command_times_out_and_stderr_is_in_errors() {
-        let dir = tempfile::tempdir().unwrap();
-        let write = |name: &str, body: &str| {
-            use std::os::unix::fs::PermissionsExt;
-            let path = dir.path().join(name);
-            std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-        };
-        write("scontrol", "exec sleep 30");
-        write("scancel", "echo 'scancel: error: Kill job error on job id 7: boom' >&2; exit 1");
-        let slurm = SlurmScheduler::new(SlurmConfig {
-            bin_dir: Some(dir.path().to_owned()),
-            command_timeout: Duration::from_millis(200),
-            ..SlurmConfig::default()
-        });
-        let started = std::time::Instant::now();
-        let err = slurm.undrain("node1").await.unwrap_err();
-        assert!(matches!(err, SchedulerError::Timeout { operation: "undrain", .. }), "{err}");
-        assert!(started.elapsed() < Duration::from_secs(5));
-        let err = slurm.checkpoint("7").await.unwrap_err();
-        assert!(err.to_string().contains("boom"), "{err}");
-    }
-}
+mod tests;

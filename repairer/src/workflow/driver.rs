@@ -6,13 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleetmend_proto::{NodeCommand, command_kind};
+use fleetmend_proto::{EvidenceBundle, NodeCommand, command_kind};
 use tokio::sync::Notify;
 
 use super::machine::{
     self, Answer, DeepCheck, Done, Effect, Failure, FailureKind, Limits, Note, Observation,
 };
-use super::{Outcome, Workflow};
+use super::{KeptEvidence, Outcome, Workflow};
 use crate::breaker::Breaker;
 use crate::clock::{self, SharedClock};
 use crate::commands::CommandQueue;
@@ -120,12 +120,20 @@ fn observe(cx: &WorkflowContext, wf: &Workflow, answer: Option<Answer>) -> Obser
         .as_deref()
         .and_then(|id| cx.commands.result(id))
         .map(|result| DeepCheck { ok: result.ok, message: result.message });
+    let evidence_answered = wf.evidence.as_deref().is_some_and(|id| cx.commands.has_result(id));
+    let last_heard_ms = if wf.step == super::Step::Evidence {
+        cx.nodes.last_heard_ms(&wf.node).unwrap_or(0)
+    } else {
+        0
+    };
     Observation {
         now_ms: cx.clock.now_ms(),
         answer,
         boot_id,
+        last_heard_ms,
         replacement_reported,
         deep_check,
+        evidence_answered,
         breaker_open: cx.breaker.is_open(),
         instance: cx.instance,
     }
@@ -244,8 +252,67 @@ fn note_down(
             cx.metrics.repair(before.action, "escalated");
         }
         Note::ResultUsed(id) => cx.commands.forget(id),
+        Note::EvidenceAnswered(id) => keep_evidence(cx, wf, id, now)?,
     }
     Ok(())
+}
+
+/// Evidence bundles kept per node; older ones are removed.
+const EVIDENCE_PER_NODE: usize = 20;
+
+/// Keeps the bundle that answered `id` with the workflow, and says so in the audit trail.
+fn keep_evidence(
+    cx: &WorkflowContext,
+    wf: &Workflow,
+    id: &str,
+    now: u64,
+) -> Result<(), StoreError> {
+    let Some(result) = cx.commands.result(id) else {
+        return Ok(());
+    };
+    let (severity, reason) = match result.evidence {
+        Some(bundle) => {
+            let reason = describe_bundle(&bundle);
+            let kept = KeptEvidence {
+                workflow: wf.id,
+                node: wf.node.clone(),
+                action: wf.action,
+                command: id.to_owned(),
+                asked_ms: wf.evidence_asked_ms.unwrap_or(now),
+                kept_ms: now,
+                bundle,
+            };
+            let store = cx.events.store();
+            let put = store.put_evidence(wf.id, &wf.node, id, &kept, EVIDENCE_PER_NODE);
+            cx.events.write("put_evidence", put)?;
+            (Severity::Info, reason)
+        }
+        None => (Severity::Warning, format!("the node gathered no evidence: {}", result.message)),
+    };
+    cx.events.record(&Event {
+        workflow: Some(wf.id),
+        action: Some(wf.action),
+        ..Event::new(EventKind::Evidence, severity, Some(&wf.node), Actor::repairer(), reason, now)
+    })?;
+    cx.commands.forget(id);
+    Ok(())
+}
+
+/// `evidence kept: kernel-log 212 KiB, findings 3 KiB, nvidia-smi (not complete: ...)`.
+fn describe_bundle(bundle: &EvidenceBundle) -> String {
+    let items: Vec<String> = bundle
+        .items
+        .iter()
+        .map(|item| {
+            let size = format!("{} KiB", item.content.len().div_ceil(1024));
+            match &item.error {
+                Some(error) => format!("{} {size} ({error})", item.name),
+                None if item.truncated => format!("{} {size} (newest part)", item.name),
+                None => format!("{} {size}", item.name),
+            }
+        })
+        .collect();
+    format!("evidence kept, gathered in {} ms: {}", bundle.took_ms, items.join(", "))
 }
 
 fn seconds_since(now: u64, since: u64) -> f64 {
@@ -332,6 +399,12 @@ async fn carry_out(cx: &WorkflowContext, wf: &Workflow, effect: Effect) -> Answe
             let kind = command_kind::DEEP_CHECK.to_owned();
             cx.commands.push(&node, NodeCommand { id, kind, args: Default::default() });
             Ok(Done::DeepCheckQueued)
+        }
+        Effect::GatherEvidence { node, id, budget_ms } => {
+            let kind = command_kind::EVIDENCE.to_owned();
+            let args = [("budget_ms".to_owned(), serde_json::Value::from(budget_ms))].into();
+            cx.commands.push(&node, NodeCommand { id, kind, args });
+            Ok(Done::EvidenceAsked)
         }
         Effect::Undrain { node } => {
             call(cx, cx.scheduler.undrain(&node)).await.map(Done::Undrained)

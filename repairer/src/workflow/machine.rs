@@ -42,6 +42,9 @@ pub struct Limits {
     pub timeouts: WorkflowTimeouts,
     /// How long after a fault before anything destructive (`[policy.guard_rails] settle`).
     pub settle: Duration,
+    /// A node not heard from for this long is unreachable (`report_interval ×
+    /// unreachable_after`): no evidence is waited for from it.
+    pub silent_after: Duration,
 }
 
 /// What the driver saw since the last transition.
@@ -54,10 +57,15 @@ pub struct Observation {
     pub answer: Option<Answer>,
     /// The boot id the workflow's node reports now (empty: none yet).
     pub boot_id: String,
+    /// When the workflow's node was last heard from.
+    pub last_heard_ms: u64,
     /// Whether the replacement named in the workflow has reported.
     pub replacement_reported: bool,
     /// The result of the deep check named in `workflow.validation`, once it arrived.
     pub deep_check: Option<DeepCheck>,
+    /// The node answered the `evidence` command named in `workflow.evidence` (with a bundle or
+    /// without one).
+    pub evidence_answered: bool,
     /// The breaker stops every automatic action.
     pub breaker_open: bool,
     /// Names this repairer process (deep check ids must not outlive it).
@@ -93,6 +101,7 @@ pub enum Done {
     Replacement(String),
     ReplacementDrained,
     DeepCheckQueued,
+    EvidenceAsked,
     Undrained(UndrainOutcome),
 }
 
@@ -151,6 +160,12 @@ pub enum Effect {
         node: String,
         id: String,
     },
+    /// Ask `node` for an evidence bundle within `budget_ms` (again on every pass, as a deep check).
+    GatherEvidence {
+        node: String,
+        id: String,
+        budget_ms: u64,
+    },
     Undrain {
         node: String,
     },
@@ -185,6 +200,9 @@ pub enum Note {
     Escalated { why: String },
     /// The deep check's result was used: the driver forgets it.
     ResultUsed(String),
+    /// The node answered the evidence command `id`: the driver keeps the bundle with the
+    /// workflow (and forgets the result).
+    EvidenceAnswered(String),
 }
 
 /// The machine's answer.
@@ -227,6 +245,7 @@ pub fn next(workflow: &Workflow, seen: &Observation, limits: &Limits) -> Transit
         Step::Checkpoint => checkpoint(wf, done, now),
         Step::Requeue => requeue(wf, done, now, limits),
         Step::Settle => settle(wf, seen, limits),
+        Step::Evidence => evidence(wf, seen, done, limits),
         Step::Repair => repair(wf, done, now),
         Step::AwaitBoot => await_boot(wf, seen, limits),
         Step::AwaitReplacement => await_replacement(wf, seen, done, limits),
@@ -399,6 +418,15 @@ fn settle(mut wf: Workflow, seen: &Observation, limits: &Limits) -> Transition {
     if wf.action == RuleAction::Drain {
         return finish(wf, Outcome::Drained, now);
     }
+    let evidence_timeout = millis(limits.timeouts.evidence_timeout);
+    if wf.evidence.is_none() && evidence_timeout > 0 {
+        // Asked for first, so the node gathers it while the workflow settles.
+        let id = format!("evidence-{}-{}", wf.id, wf.action);
+        wf.evidence = Some(id.clone());
+        wf.evidence_asked_ms = Some(now);
+        let effect = gather_evidence(&wf, id, evidence_timeout);
+        return Transition::written(wf, effect);
+    }
     let settle_until = wf.fault_since_ms + millis(limits.settle);
     if now < settle_until {
         return Transition::stay(wf, Effect::WaitUntil { until_ms: settle_until });
@@ -411,7 +439,50 @@ fn settle(mut wf: Workflow, seen: &Observation, limits: &Limits) -> Transition {
         wf.last_error = Some(BREAKER_OPEN.to_owned());
         return Transition::written(wf, Effect::WaitUntil { until_ms }).note(Note::HeldByBreaker);
     }
-    goto(wf, Step::Repair, now)
+    let step = if wf.evidence.is_some() { Step::Evidence } else { Step::Repair };
+    goto(wf, step, now)
+}
+
+/// Time left for the node's own delivery of the bundle: a tenth of the box, within 1–10 s.
+fn gather_evidence(wf: &Workflow, id: String, timeout_ms: u64) -> Effect {
+    let margin = (timeout_ms / 10).clamp(1000, 10_000).min(timeout_ms / 2);
+    Effect::GatherEvidence { node: wf.node.clone(), id, budget_ms: timeout_ms - margin }
+}
+
+/// Waits for the evidence bundle until the time box ends; a missing bundle never holds a repair.
+fn evidence(wf: Workflow, seen: &Observation, done: Option<&Done>, limits: &Limits) -> Transition {
+    let now = seen.now_ms;
+    let Some(id) = wf.evidence.clone() else {
+        return goto(wf, Step::Repair, now);
+    };
+    if seen.evidence_answered {
+        return goto(wf, Step::Repair, now).note(Note::EvidenceAnswered(id));
+    }
+    let silent = now.saturating_sub(seen.last_heard_ms);
+    if silent > millis(limits.silent_after) {
+        let warning = format!(
+            "no evidence: {} has not reported for {}",
+            wf.node,
+            humantime::format_duration(Duration::from_secs(silent / 1000))
+        );
+        return goto(wf, Step::Repair, now).note(Note::Warning(warning));
+    }
+    let timeout = millis(limits.timeouts.evidence_timeout);
+    let deadline = wf.evidence_asked_ms.unwrap_or(now).saturating_add(timeout);
+    if now >= deadline {
+        let warning = format!(
+            "no evidence from {} within {}: going on without it",
+            wf.node,
+            humantime::format_duration(limits.timeouts.evidence_timeout)
+        );
+        return goto(wf, Step::Repair, now).note(Note::Warning(warning));
+    }
+    if !matches!(done, Some(Done::EvidenceAsked)) {
+        let effect = gather_evidence(&wf, id, timeout);
+        return Transition::stay(wf, effect);
+    }
+    let until_ms = deadline.min(next_multiple(now, VALIDATE_POLL_MS));
+    Transition::stay(wf, Effect::WaitUntil { until_ms })
 }
 
 const BREAKER_OPEN: &str = "breaker open";
@@ -496,6 +567,9 @@ fn escalate(mut wf: Workflow, why: &str, now: u64) -> Transition {
     wf.attempt = 1;
     wf.issued_ms = None;
     wf.validation = None;
+    // The replacement gets its own bundle: the node as the reboot left it.
+    wf.evidence = None;
+    wf.evidence_asked_ms = None;
     let escalated = Note::Escalated { why: why.to_owned() };
     let mut transition = goto(wf, Step::Settle, now);
     transition.notes.splice(0..0, [failed, escalated]);
@@ -529,8 +603,8 @@ pub fn node_states(wf: &Workflow) -> Vec<(&str, NodeState, String)> {
             (NodeState::Drained, format!("workflow {} (release) started", wf.id))
         }
         // A replacement after a reboot that did not help: the node stays in repair.
-        (_, Step::Settle) if wf.escalated_from.is_some() => in_repair,
-        (_, Step::Drain | Step::Checkpoint | Step::Requeue | Step::Settle) => {
+        (_, Step::Settle | Step::Evidence) if wf.escalated_from.is_some() => in_repair,
+        (_, Step::Drain | Step::Checkpoint | Step::Requeue | Step::Settle | Step::Evidence) => {
             (NodeState::Draining, format!("workflow {} ({}) started", wf.id, wf.action))
         }
         (_, Step::Repair | Step::AwaitBoot | Step::AwaitReplacement) => in_repair,

@@ -21,6 +21,7 @@ fn limits() -> Limits {
             ..WorkflowTimeouts::default()
         },
         settle: Duration::from_secs(60),
+        silent_after: Duration::from_secs(90),
     }
 }
 
@@ -39,8 +40,16 @@ fn at(step: Step) -> Workflow {
     wf.id = 3;
     wf.step = step;
     wf.step_since_ms = NOW - 1_000;
+    // Asked for when it settled; the rows of the evidence step say what happens before that.
+    wf.evidence = Some(EVIDENCE_ID.to_owned());
+    wf.evidence_asked_ms = Some(NOW - 20_000);
     wf
 }
+
+const EVIDENCE_ID: &str = "evidence-3-reboot";
+
+#[path = "machine_evidence_tests.rs"]
+mod evidence;
 
 fn replace_at(step: Step) -> Workflow {
     Workflow { action: RuleAction::Replace, replacement: Some("n1-r1".to_owned()), ..at(step) }
@@ -50,6 +59,7 @@ fn seen() -> Observation {
     Observation {
         now_ms: NOW,
         boot_id: "boot-1".to_owned(),
+        last_heard_ms: NOW - 1_000,
         instance: INSTANCE,
         ..Observation::default()
     }
@@ -278,9 +288,9 @@ fn settle_holds_destructive_steps_and_ends_drains_and_quarantines() {
             name: "settled",
             workflow: at(Step::Settle),
             seen: seen(),
-            step: Step::Repair,
+            step: Step::Evidence,
             effect: Effect::Continue,
-            state: NodeState::Repairing,
+            state: NodeState::Draining,
         },
         Row {
             name: "drain only",
@@ -307,7 +317,7 @@ fn settle_holds_destructive_steps_and_ends_drains_and_quarantines() {
     assert!(!again.persist && again.notes.is_empty(), "{again:?}");
     // Closing the breaker lets it go on, and the step note clears the hold.
     let closed = next(&again.workflow, &seen(), &limits());
-    assert_eq!(closed.workflow.step, Step::Repair);
+    assert_eq!(closed.workflow.step, Step::Evidence);
     assert_eq!(closed.workflow.last_error, None);
 }
 
@@ -593,6 +603,7 @@ fn validation_asks_once_per_process_waits_and_escalates() {
     assert_eq!(t.workflow.action, RuleAction::Replace);
     assert_eq!((t.workflow.attempt, t.workflow.validation.clone()), (1, None));
     assert_eq!(t.workflow.escalated_from, Some(RuleAction::Reboot));
+    assert_eq!(t.workflow.evidence, None, "the replacement gathers its own evidence");
     assert!(
         matches!(&t.notes[..], [
         Note::RepairFailed(RuleAction::Reboot),
@@ -707,6 +718,7 @@ fn a_restart_mid_step_repeats_only_what_is_safe_to_repeat() {
         Step::Checkpoint,
         Step::Requeue,
         Step::Settle,
+        Step::Evidence,
         Step::Repair,
         Step::AwaitBoot,
         Step::AwaitReplacement,

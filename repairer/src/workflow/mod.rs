@@ -19,7 +19,7 @@ pub use self::machine::{
 
 use std::time::Duration;
 
-use fleetmend_proto::Finding;
+use fleetmend_proto::{EvidenceBundle, Finding};
 use serde::{Deserialize, Serialize};
 
 use crate::model::RuleAction;
@@ -45,6 +45,11 @@ pub struct WorkflowTimeouts {
     /// From sending the deep check to its result.
     #[serde(with = "humantime_serde")]
     pub validate_timeout: Duration,
+    /// Longest a reboot or replacement waits for the node's evidence bundle (asked for when the
+    /// workflow settles, so it is gathered meanwhile); then the repair goes on without it. Zero:
+    /// no evidence is asked for.
+    #[serde(with = "humantime_serde")]
+    pub evidence_timeout: Duration,
     /// Reboot attempts before the repair counts as failed (and escalates).
     pub reboot_attempts: u32,
     /// First retry delay of a failed call; doubles up to `retry_max`, with jitter.
@@ -62,6 +67,7 @@ impl Default for WorkflowTimeouts {
             reboot_timeout: Duration::from_secs(15 * 60),
             replace_timeout: Duration::from_secs(60 * 60),
             validate_timeout: Duration::from_secs(20 * 60),
+            evidence_timeout: Duration::from_secs(90),
             reboot_attempts: 2,
             retry_initial: Duration::from_millis(500),
             retry_max: Duration::from_secs(30),
@@ -90,6 +96,8 @@ pub enum Step {
     Requeue,
     /// Waits for `settle` after the fault, and for a closed breaker, before anything destructive.
     Settle,
+    /// Waits (time-boxed) for the evidence bundle asked for when the workflow settled.
+    Evidence,
     /// Reboot or replace; `issued_ms` says whether the call may have been made.
     Repair,
     AwaitBoot,
@@ -161,6 +169,24 @@ pub struct Workflow {
     /// instead of a replacement when it is `reboot`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_at: Option<Rung>,
+    /// The `evidence` command asked of the node before this repair, and when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence_asked_ms: Option<u64>,
+}
+
+/// An evidence bundle as the repairer keeps it: with the workflow it was gathered for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeptEvidence {
+    pub workflow: i64,
+    pub node: String,
+    /// The repair it was gathered before.
+    pub action: RuleAction,
+    pub command: String,
+    pub asked_ms: u64,
+    pub kept_ms: u64,
+    pub bundle: EvidenceBundle,
 }
 
 impl Workflow {
@@ -200,6 +226,8 @@ impl Workflow {
             trace: None,
             escalated_from: None,
             stop_at: None,
+            evidence: None,
+            evidence_asked_ms: None,
         }
     }
 

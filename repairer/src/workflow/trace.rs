@@ -247,6 +247,7 @@ pub fn step_name(step: Step) -> &'static str {
         Step::Checkpoint => "checkpoint",
         Step::Requeue => "requeue",
         Step::Settle => "settle",
+        Step::Evidence => "evidence",
         Step::Repair => "repair",
         Step::AwaitBoot => "await-boot",
         Step::AwaitReplacement => "await-replacement",

@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fleetmend_proto::{
-    CheckRun, CommandResult, Finding, RankKey, RankSignal, RankState, RankStatus,
-    RecommendedAction, Report, ReportReply, ReportTrigger, RunRank, SignalRank, Status, Verdict,
-    WIRE_VERSION, command_kind,
+    CheckRun, CommandResult, EvidenceBundle, EvidenceItem, Finding, RankKey, RankSignal, RankState,
+    RankStatus, RecommendedAction, Report, ReportReply, ReportTrigger, RunRank, SignalRank, Status,
+    Verdict, WIRE_VERSION, command_kind,
 };
 use fleetmend_repairer::clock::{SharedClock, SystemClock};
 use fleetmend_repairer::config::RepairerConfig;
@@ -864,6 +864,21 @@ impl AgentInner {
         for command in &reply.commands {
             state.commands.push(command.clone());
             Self::run_rank_commands(&mut state, command);
+            if command.kind == command_kind::EVIDENCE && state.ran.insert(command.id.clone()) {
+                let bundle = EvidenceBundle {
+                    node: self.node.clone(),
+                    boot_id: report.boot_id.clone(),
+                    collected_at_ms: now_ms(),
+                    took_ms: 1,
+                    items: vec![EvidenceItem::text(
+                        "findings",
+                        "fake agent",
+                        format!("{:?}", state.findings),
+                    )],
+                };
+                state.results.push(CommandResult::evidence(&command.id, bundle, now_ms()));
+                continue;
+            }
             if command.kind != command_kind::DEEP_CHECK || !state.ran.insert(command.id.clone()) {
                 continue;
             }
@@ -883,6 +898,7 @@ impl AgentInner {
                 },
                 verdict: Some(if ok { Verdict::Healthy } else { Verdict::Unhealthy }),
                 findings: failing,
+                evidence: None,
                 finished_at_ms: now_ms(),
             });
         }

@@ -21,6 +21,9 @@ const MAX_LABEL_CHARS: usize = 64;
 /// Longest subject built from a template, for the same reason.
 const MAX_SUBJECT_CHARS: usize = 128;
 
+/// Most lines one rule may span (`lines`).
+pub const MAX_LINES: usize = 4;
+
 /// One kernel-log rule as written in config (`[[checks.kernel_log.rules]]`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -47,6 +50,10 @@ pub struct KernelLogRule {
     /// stay sick forever on one old line.
     #[serde(with = "humantime_serde")]
     pub clear_after: Duration,
+    /// Lines the pattern is matched across (1 to 4): the latest messages joined with `\n`, for a
+    /// message the kernel prints over several lines. A match must reach into the newest line, so
+    /// the same lines count once.
+    pub lines: usize,
 }
 
 impl Default for KernelLogRule {
@@ -59,6 +66,7 @@ impl Default for KernelLogRule {
             action: "none".to_owned(),
             subject: String::new(),
             clear_after: Duration::from_secs(3600),
+            lines: 1,
         }
     }
 }
@@ -83,21 +91,36 @@ fn builtin(
         action: action.to_owned(),
         subject: subject.to_owned(),
         clear_after: Duration::from_secs(clear_after_secs),
+        lines: 1,
     }
 }
 
 /// The PCI address as NVRM prints it in Xid lines: `0000:3b:00`, sometimes with a function.
 const PCI: &str = r"[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-9A-Fa-f])?";
 
-/// The built-in rules, on unless `builtin_rules = false`.
+/// The built-in rules, on unless `builtin_rules = false`. `docs/detection.md` lists them with
+/// their sources; the line shapes come from the sources named here.
 ///
 /// Choices, rule by rule:
-/// - `xid`: status and action from the vendor Xid catalog ([`xid::advice`]), subject the GPU's PCI
-///   address. Clears after 1 h: long enough for the repairer (reports every few seconds) to act on
-///   it, short enough that a GPU reset that fixed the fault does not keep the node sick; lasting GPU
-///   state (ECC, row remaps, a GPU gone) is the gpu check's to report from the driver itself.
+/// - `xid`: NVRM's `Xid (PCI:0000:3b:00): N, ...` (NVIDIA's Xid documentation and catalog), also
+///   the legacy form without `PCI:` and the MIG form with `GPU-I:`/`GPU-CI:`. Status and action
+///   from the catalog ([`xid::advice`]); for the NVLink5 Xids 144–150 the line's own `Fatal` or
+///   `Nonfatal` word decides ([`xid::by_severity`]). The `(GPC n, TPC m` of an Xid 13 is kept as
+///   labels for burst counting. Subject the GPU's PCI address. Clears after 1 h: long enough for
+///   the repairer to act on it, short enough that a GPU reset that fixed the fault does not keep
+///   the node sick; lasting GPU state (ECC, row remaps, a GPU gone) is the gpu check's to report.
 /// - `xid_recovery_action`: Xid 154 carries the driver's recovery action; it is a state, so the
 ///   latest line per GPU wins and a change back to `0x0 (None)` clears it. 1 h as for `xid`.
+/// - `gpu_fallen_off_bus`: the GPU lost from the bus without an Xid — NVRM's
+///   `GPU 0000:3b:00.0: GPU has fallen off the bus.` and the three-line message of the driver's
+///   probe (`The NVIDIA GPU ...` / `(PCI ID: ...) installed in this system has` / `fallen off the
+///   bus and is not responding to commands.`, osapi.c in NVIDIA's open kernel modules); fail,
+///   reboot as for Xid 79. `gpu_init_failed`: `RmInitAdapter failed` / `rm_init_adapter failed`,
+///   the GPU could not be brought up; fail, reboot.
+/// - `gpu_needs_reset`: the driver's own "The GPU likely needs to be reset." after repeated GSP
+///   RPC errors; fail, reset-gpu. `gsp_timeout`: the GSP firmware stopped answering
+///   (`_kgsp...: *** GSP Timeout ***`, heartbeat timeouts; the Xid 119 that follows carries the
+///   catalog's action too); fail, reset-gpu. Subject the GPU number NVRM prints, where it does.
 /// - `mce`: a machine check the kernel survived and logged is almost always corrected; warn so a
 ///   person looks, no action (uncorrected ones panic the node; EDAC rates are the host check's).
 ///   Clears after 24 h so a burst stays visible for a day.
@@ -112,11 +135,34 @@ const PCI: &str = r"[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-9A-Fa-f]
 /// - `oom_kill`: the job's problem, not the node's: warn, no action, 1 h.
 /// - `hung_task`: often a stuck filesystem or driver, but not by itself a reason to act: warn so a
 ///   person looks, no action, 1 h.
+/// - `nvswitch_fatal`, `nvswitch_error`: NVSwitch SXids, which the NVSwitch driver prints as
+///   `nvidia-nvswitchN: SXid (PCI:...): CODE, Fatal|Non-fatal, ...` (NVIDIA Fabric Manager user
+///   guide, "NVSwitch errors"; error_nvswitch.h). The word decides: a fatal SXid leaves the
+///   fabric unusable until the GPUs and switches are reset, which on a baseboard is a reboot
+///   (fail, reboot); a non-fatal one is warned about; `Correctable` and the `Severity`/`Data`
+///   lines that follow carry no verdict. Subject the switch's PCI address; 1 h as for `xid`.
+/// - `nic_health`: the mlx5 driver's health poller giving up on the device's firmware ("device's
+///   health compromised - reached miss count", a health syndrome `synd 0x..`, "health recovery
+///   flow aborted", "PCI slot is unavailable"; drivers/net/ethernet/mellanox/mlx5/core/health.c),
+///   and mlx4's catastrophic "Internal error detected" (`mlx4_health`, mlx4/catas.c). The adapter
+///   is gone until it is reset: fail, reboot. `nic_cmd_timeout`: a firmware command that timed out
+///   ("... timeout. Will cause a leak of a command resource", "timed out while waiting for a
+///   slot"; mlx5/core/cmd.c) often precedes it: warn, no action. `nic_pcie_power`: "Detected
+///   insufficient power on the PCIe slot (27W)." (mlx5/core/events.c): warn, no action, 24 h —
+///   some platforms print it harmlessly. Subject the adapter's PCI address; 1 h.
+/// - `peermem_error`: nvidia-peermem's `ERROR` lines (GPUDirect RDMA registration or
+///   invalidation failed; kernel-open/nvidia-peermem): the job's RDMA transfers broke; warn,
+///   restart-app, 1 h.
+/// - `gpu_app_crash`: a process's segfault or general protection fault inside libcuda, libnccl
+///   or another CUDA library (arch/x86/mm/fault.c, traps.c): usually the application's or the
+///   driver's, so warn, restart-app; subject the library, 1 h.
 pub fn builtin_rules() -> Vec<KernelLogRule> {
     vec![
         builtin(
             "xid",
-            &format!(r"NVRM: Xid \(PCI:(?P<pci>{PCI})\): (?P<xid>\d{{1,5}})\b"),
+            &format!(
+                r"NVRM: Xid \((?:PCI:)?(?P<pci>{PCI})(?: GPU-I:\d{{1,3}})?(?: GPU-CI:\d{{1,3}})?\): (?P<xid>\d{{1,5}})\b(?:.*?\(GPC (?P<gpc>\d{{1,3}}), TPC (?P<tpc>\d{{1,3}})\b)?(?:.*?\b(?P<severity>Fatal|Nonfatal|Non-fatal)\b)?"
+            ),
             "xid",
             "xid-catalog",
             "xid-catalog",
@@ -182,7 +228,7 @@ pub fn builtin_rules() -> Vec<KernelLogRule> {
         ),
         builtin(
             "link_down",
-            r"(?P<interface>[A-Za-z0-9_.@-]{1,32}):? (?:NIC )?Link is Down",
+            r"(?P<interface>[A-Za-z0-9_.@-]{1,32}):? (?:NIC )?Link (?:is Down|down)\b",
             "link_down",
             "warn",
             "none",
@@ -205,6 +251,131 @@ pub fn builtin_rules() -> Vec<KernelLogRule> {
             "warn",
             "none",
             "",
+            HOUR,
+        ),
+        builtin(
+            "nvswitch_fatal",
+            &format!(
+                r"nvidia-nvswitch\d{{1,3}}: SXid \(PCI:(?P<pci>{PCI})\): (?P<sxid>\d{{1,5}}), Fatal\b"
+            ),
+            "nvswitch_fatal",
+            "fail",
+            "reboot",
+            "${pci}",
+            HOUR,
+        ),
+        builtin(
+            "nvswitch_error",
+            &format!(
+                r"nvidia-nvswitch\d{{1,3}}: SXid \(PCI:(?P<pci>{PCI})\): (?P<sxid>\d{{1,5}}), Non-fatal\b"
+            ),
+            "nvswitch_error",
+            "warn",
+            "none",
+            "${pci}",
+            HOUR,
+        ),
+        builtin(
+            "nic_health",
+            &format!(
+                r"mlx5_core (?P<pci>{PCI}): .*(?:health compromised|synd 0x[0-9a-f]{{1,4}}: |health recovery flow aborted|PCI slot is unavailable)"
+            ),
+            "nic_health",
+            "fail",
+            "reboot",
+            "${pci}",
+            HOUR,
+        ),
+        builtin(
+            "nic_cmd_timeout",
+            &format!(
+                r"mlx5_core (?P<pci>{PCI}): .*(?:\) (?:Async, )?timeout\. Will cause a leak of a command resource|\) timed out while waiting for a slot)"
+            ),
+            "nic_cmd_timeout",
+            "warn",
+            "none",
+            "${pci}",
+            HOUR,
+        ),
+        builtin(
+            "nic_pcie_power",
+            &format!(
+                r"mlx5_core (?P<pci>{PCI}): .*Detected insufficient power on the PCIe slot \((?P<watts>\d{{1,4}})W\)"
+            ),
+            "nic_pcie_power",
+            "warn",
+            "none",
+            "${pci}",
+            24 * HOUR,
+        ),
+        builtin(
+            "mlx4_health",
+            &format!(r"mlx4_core (?P<pci>{PCI}): Internal error (?:detected|mark was detected)"),
+            "nic_health",
+            "fail",
+            "reboot",
+            "${pci}",
+            HOUR,
+        ),
+        KernelLogRule {
+            lines: 3,
+            ..builtin(
+                "gpu_fallen_off_bus",
+                &format!(
+                    r"NVRM: (?:The NVIDIA )?GPU (?P<pci>{PCI})(?::? GPU has fallen off the bus|\n(?:[^\n]*\n)?[^\n]*fallen off the bus and is not responding)"
+                ),
+                "gpu_fallen_off_bus",
+                "fail",
+                "reboot",
+                "${pci}",
+                HOUR,
+            )
+        },
+        builtin(
+            "gpu_init_failed",
+            &format!(r"NVRM: GPU (?P<pci>{PCI}): (?:RmInitAdapter|rm_init_adapter) failed"),
+            "gpu_init_failed",
+            "fail",
+            "reboot",
+            "${pci}",
+            HOUR,
+        ),
+        builtin(
+            "gpu_needs_reset",
+            &format!(
+                r"NVRM: Rate limiting GSP RPC error prints for GPU at PCI:(?P<pci>{PCI}) .*The GPU likely needs to be reset"
+            ),
+            "gpu_needs_reset",
+            "fail",
+            "reset-gpu",
+            "${pci}",
+            HOUR,
+        ),
+        builtin(
+            "gsp_timeout",
+            r"NVRM: (?:GPU(?P<gpu>\d{1,2}) )?_kgsp\w{1,40}: (?:\*+ GSP Timeout \*+|GSP RM heartbeat timed out|Heartbeat timed out)",
+            "gsp_timeout",
+            "fail",
+            "reset-gpu",
+            "${gpu}",
+            HOUR,
+        ),
+        builtin(
+            "peermem_error",
+            r"nvidia-peermem (?P<function>\w{1,64}):\d{1,6} ERROR ",
+            "peermem_error",
+            "warn",
+            "restart-app",
+            "",
+            HOUR,
+        ),
+        builtin(
+            "gpu_app_crash",
+            r"(?P<process>[^\s\[\]]{1,64})\[\d{1,10}\]:? (?:segfault at [0-9a-f]+ ip [0-9a-f]+ sp [0-9a-f]+ error [0-9a-f]+|general protection fault ip:[0-9a-f]+ sp:[0-9a-f]+ error:[0-9a-f]+) in (?P<library>lib(?:cuda|nccl|cudart|cublas|cublasLt|cudnn|nvidia-ml|nvrtc|nvJitLink)\b[^\s\[]{0,48})\[",
+            "gpu_app_crash",
+            "warn",
+            "restart-app",
+            "${library}",
             HOUR,
         ),
     ]
@@ -256,6 +427,8 @@ pub struct Rule {
     action: ActionSource,
     subject: Vec<TemplatePart>,
     pub clear_after: Duration,
+    /// Lines matched across.
+    pub lines: usize,
     /// The latest match per subject replaces the earlier ones (a state, like the driver's recovery
     /// action), instead of the worst match in the window winning.
     pub latest_wins: bool,
@@ -273,15 +446,27 @@ pub struct RuleMatch {
 impl Rule {
     /// The match of `text`, if the rule matches it.
     pub fn matches(&self, text: &str) -> Option<RuleMatch> {
-        let caps = self.regex.captures(text)?;
+        self.regex.captures(text).map(|caps| self.found(&caps))
+    }
+
+    /// The first match of `text` that ends after byte `from` (in the newest of joined lines).
+    pub fn matches_ending_after(&self, text: &str, from: usize) -> Option<RuleMatch> {
+        let caps = self
+            .regex
+            .captures_iter(text)
+            .find(|caps| caps.get(0).is_some_and(|m| m.end() > from))?;
+        Some(self.found(&caps))
+    }
+
+    fn found(&self, caps: &Captures<'_>) -> RuleMatch {
         let mut labels = BTreeMap::new();
         for name in self.regex.capture_names().flatten() {
             if let Some(m) = caps.name(name) {
                 labels.insert(name.to_owned(), truncate_chars(m.as_str(), MAX_LABEL_CHARS));
             }
         }
-        let (status, action) = self.resolve(&caps);
-        Some(RuleMatch { subject: self.subject_of(&caps), status, action, labels })
+        let (status, action) = self.resolve(caps);
+        RuleMatch { subject: self.subject_of(caps), status, action, labels }
     }
 
     fn resolve(&self, caps: &Captures<'_>) -> (Status, RecommendedAction) {
@@ -289,8 +474,15 @@ impl Rule {
             // The pattern bounds the digits; a code that still does not parse is "not in the
             // catalog", which is what advice() says for any unknown code.
             let code = caps.name("xid").and_then(|m| m.as_str().parse::<u32>().ok());
-            let advice = xid::advice(code.unwrap_or(u32::MAX));
-            (advice.status, advice.action)
+            let code = code.unwrap_or(u32::MAX);
+            let severity = caps.name("severity").map(|m| m.as_str());
+            match severity.and_then(|word| xid::by_severity(code, word)) {
+                Some(decided) => decided,
+                None => {
+                    let advice = xid::advice(code);
+                    (advice.status, advice.action)
+                }
+            }
         };
         let recovery = || {
             caps.name("recovery")
@@ -344,6 +536,9 @@ pub fn compile(rule: &KernelLogRule) -> Result<Rule, Vec<RuleProblem>> {
     }
     if rule.clear_after.is_zero() {
         problems.push(("clear_after", "must be greater than zero".to_owned()));
+    }
+    if !(1..=MAX_LINES).contains(&rule.lines) {
+        problems.push(("lines", format!("{} is not between 1 and {MAX_LINES}", rule.lines)));
     }
     let status = match rule.status.as_str() {
         "warn" => Some(StatusSource::Fixed(Status::Warn)),
@@ -432,6 +627,7 @@ pub fn compile(rule: &KernelLogRule) -> Result<Rule, Vec<RuleProblem>> {
                 action,
                 subject,
                 clear_after: rule.clear_after,
+                lines: rule.lines,
                 latest_wins: status == StatusSource::RecoveryAction,
             })
         }
@@ -575,9 +771,36 @@ mod tests {
             ),
             ("mlx5_core 0000:0c:00.0 ens1f0np0: Link is Down", "link_down", "ens1f0np0"),
             ("e1000e: eth1 NIC Link is Down", "link_down", "eth1"),
+            // mlx5e_update_carrier's words.
+            ("mlx5_core 0000:0c:00.0 ens1f0np0: Link down", "link_down", "ens1f0np0"),
             ("Out of memory: Killed process 4242 (python) total-vm:1kB", "oom_kill", ""),
             ("Memory cgroup out of memory: Killed process 4242 (python)", "oom_kill", ""),
             ("INFO: task python:4242 blocked for more than 120 seconds.", "hung_task", ""),
+            (
+                "nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 11001, Fatal, Link 22 ingress invalid command",
+                "nvswitch_fatal",
+                "0000:07:00.0",
+            ),
+            (
+                "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 20009, Non-fatal, Link 28 RX Short Error Rate",
+                "nvswitch_error",
+                "0000:c3:00.0",
+            ),
+            (
+                "mlx5_core 0000:41:00.0: poll_health:852:(pid 0): device's health compromised - reached miss count",
+                "nic_health",
+                "0000:41:00.0",
+            ),
+            (
+                "mlx5_core 0000:41:00.0: print_health_info:458:(pid 0): synd 0x8: unrecoverable hardware error",
+                "nic_health",
+                "0000:41:00.0",
+            ),
+            (
+                "mlx5_core 0000:03:00.0: wait_func:964:(pid 112): ENABLE_HCA(0x104) timeout. Will cause a leak of a command resource",
+                "nic_cmd_timeout",
+                "0000:03:00.0",
+            ),
         ];
         for (line, name, subject) in cases {
             let m = hit(line);
@@ -587,6 +810,18 @@ mod tests {
         }
         assert!(hit("usb 1-1: new high-speed USB device number 2").is_empty());
         assert!(hit("mlx5_core 0000:0c:00.0 ens1f0np0: Link is Up").is_empty());
+        // The severity line that follows an SXid is neither fatal nor non-fatal.
+        assert!(
+            hit("nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 11001, Severity 5 Engine instance 22 Sub-engine instance 00")
+                .is_empty()
+        );
+        let fatal = hit(
+            "nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 11001, Fatal, Link 22 ingress invalid command",
+        );
+        assert_eq!(
+            (fatal[0].1.status, fatal[0].1.action),
+            (Status::Fail, RecommendedAction::Reboot)
+        );
     }
 
     #[test]
@@ -599,10 +834,13 @@ mod tests {
             action: "pray".into(),
             subject: "${x".into(),
             clear_after: Duration::ZERO,
+            lines: 9,
         };
         let problems = compile(&bad).err().unwrap_or_default();
         let fields: Vec<&str> = problems.iter().map(|p| p.0).collect();
-        for field in ["name", "pattern", "finding", "status", "action", "subject", "clear_after"] {
+        for field in
+            ["name", "pattern", "finding", "status", "action", "subject", "clear_after", "lines"]
+        {
             assert!(fields.contains(&field), "{field} missing from {problems:?}");
         }
         let missing_group =

@@ -10,6 +10,8 @@ use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use super::stamp::{Joint, Stamp, parse_line};
+
 /// Bytes of one line or record kept for matching; the rest of a longer line is dropped. Kernel
 /// records are at most ~8 KiB; a plain file may hold anything (random bytes, no newlines).
 pub const MAX_LINE_BYTES: usize = 4096;
@@ -21,62 +23,55 @@ const READ_BUFFER: usize = 16 * 1024;
 /// One kernel-log message.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Record {
-    /// The message, without the kmsg or dmesg prefix; lossy UTF-8, at most [`MAX_LINE_BYTES`].
+    /// The message, without the kmsg, dmesg, journal or syslog prefix; lossy UTF-8, at most
+    /// [`MAX_LINE_BYTES`].
     pub text: String,
-    /// Microseconds since boot, where the line carried a kmsg or dmesg timestamp.
-    pub usec: Option<u64>,
+    /// When it was logged, as the line says.
+    pub stamp: Stamp,
+    /// Goes on with the message before it (an indented dmesg or journal line).
+    pub continued: Option<Joint>,
+    /// A `/dev/kmsg` fragment (flag `c`): the next record goes on with this line.
+    pub fragment: bool,
+    /// False for another program's line in a journal or syslog file: it matches no rule.
+    pub kernel: bool,
 }
 
-/// Parses one line or record: `PRIO,SEQ,USEC,FLAGS;message`, `[  12.345678] message` or a bare
-/// message. For kmsg records only the first line is the message (continuation lines are
-/// ` KEY=value` metadata).
+impl Record {
+    /// A kernel message with no time (tests, and lines logged "now").
+    pub fn now(text: &str) -> Record {
+        Record {
+            text: text.to_owned(),
+            stamp: Stamp::None,
+            continued: None,
+            fragment: false,
+            kernel: true,
+        }
+    }
+
+    /// Microseconds since boot, where the line carried a kmsg or dmesg timestamp.
+    pub fn usec(&self) -> Option<u64> {
+        match self.stamp {
+            Stamp::SinceBoot(usec) => Some(usec),
+            _ => None,
+        }
+    }
+}
+
+/// Parses one line or record in any of the formats of [`super::stamp`]. For kmsg records only
+/// the first line is the message (continuation lines are ` KEY=value` metadata).
 pub fn parse_record(raw: &[u8]) -> Record {
     let raw = &raw[..raw.len().min(MAX_LINE_BYTES)];
     let first = raw.split(|b| *b == b'\n').next().unwrap_or_default();
     let line = String::from_utf8_lossy(first);
     let line = line.trim_end_matches(['\r', '\0']);
-    if let Some((prefix, message)) = line.split_once(';') {
-        let mut fields = prefix.split(',');
-        let prio = fields.next();
-        let seq = fields.next();
-        let usec = fields.next();
-        let numeric = |f: Option<&str>| {
-            f.is_some_and(|f| !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit()))
-        };
-        if numeric(prio) && numeric(seq) && numeric(usec) {
-            return Record {
-                text: message.to_owned(),
-                usec: usec.and_then(|u| u.parse::<u64>().ok()),
-            };
-        }
+    let parsed = parse_line(line);
+    Record {
+        text: parsed.message.into_owned(),
+        stamp: parsed.stamp,
+        continued: parsed.continued,
+        fragment: parsed.fragment,
+        kernel: parsed.kernel,
     }
-    if let Some(rest) = line.strip_prefix('[')
-        && let Some((stamp, message)) = rest.split_once(']')
-        && let Some(usec) = parse_dmesg_stamp(stamp.trim())
-    {
-        return Record { text: message.trim_start().to_owned(), usec: Some(usec) };
-    }
-    Record { text: line.to_owned(), usec: None }
-}
-
-/// `12.345678` (seconds since boot, as dmesg prints them) in microseconds.
-fn parse_dmesg_stamp(stamp: &str) -> Option<u64> {
-    let (secs, frac) = stamp.split_once('.')?;
-    if secs.is_empty()
-        || frac.is_empty()
-        || frac.len() > 9
-        || !secs.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit())
-    {
-        return None;
-    }
-    let secs: u64 = secs.parse().ok()?;
-    let mut micros = frac.to_owned();
-    micros.truncate(6);
-    while micros.len() < 6 {
-        micros.push('0');
-    }
-    let micros: u64 = micros.parse().ok()?;
-    secs.checked_mul(1_000_000)?.checked_add(micros)
 }
 
 /// Splits a byte stream into lines with bounded memory: a line longer than [`MAX_LINE_BYTES`] is
@@ -332,17 +327,17 @@ mod tests {
         let r =
             parse_record(b"3,1234,5000000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1\n SUBSYSTEM=pci");
         assert_eq!(r.text, "NVRM: Xid (PCI:0000:3b:00): 79, pid=1");
-        assert_eq!(r.usec, Some(5_000_000));
+        assert_eq!(r.usec(), Some(5_000_000));
         let r = parse_record(b"6,2,3,c,extra;hello; world");
-        assert_eq!((r.text.as_str(), r.usec), ("hello; world", Some(3)));
+        assert_eq!((r.text.as_str(), r.usec(), r.fragment), ("hello; world", Some(3), true));
         let r = parse_record(b"[   12.5] mce: [Hardware Error]: x");
-        assert_eq!((r.text.as_str(), r.usec), ("mce: [Hardware Error]: x", Some(12_500_000)));
+        assert_eq!((r.text.as_str(), r.usec()), ("mce: [Hardware Error]: x", Some(12_500_000)));
         let r = parse_record(b"plain; not,a,prefix");
-        assert_eq!((r.text.as_str(), r.usec), ("plain; not,a,prefix", None));
+        assert_eq!((r.text.as_str(), r.usec()), ("plain; not,a,prefix", None));
         let r = parse_record(b"[abc] x");
-        assert_eq!((r.text.as_str(), r.usec), ("[abc] x", None));
+        assert_eq!((r.text.as_str(), r.usec()), ("[abc] x", None));
         let r = parse_record(b"\xff\xfe;\x00\r");
-        assert_eq!(r.usec, None);
+        assert_eq!(r.usec(), None);
         assert!(r.text.contains('\u{fffd}'));
     }
 
