@@ -689,6 +689,13 @@ fn find_orphans(procfs: &Path, dir: &Path) -> Vec<Orphan> {
     orphans
 }
 
+/// The rank launchers running in `procfs` that an agent keeping its ranks under `dir` started
+/// (found by their [`RANK_DIR_VAR`], as [`RankSupervisor::stop_orphans`] finds them), with their
+/// pids; each leads its own process group.
+pub fn rank_processes(procfs: &Path, dir: &Path) -> Vec<(RankKey, u32)> {
+    find_orphans(procfs, &absolute(dir)).into_iter().map(|o| (o.key, o.pid)).collect()
+}
+
 /// The fields of `/proc/<pid>/stat` after the command name: state first.
 fn stat_fields(procfs: &Path, pid: u32) -> Option<Vec<String>> {
     let stat = std::fs::read_to_string(procfs.join(pid.to_string()).join("stat")).ok()?;

@@ -23,9 +23,16 @@
 //! | `disk-readonly` | `/scratch` remounted `ro` in `proc/mounts` | `disk_readonly` fail, reboot |
 //! | `kernel-mce` | a machine check in the kernel log | `mce` warn |
 //! | `agent-kill` | nothing: SIGKILL to the pid in `agent.pid` | the node stops reporting |
+//! | `hang` | nothing: SIGSTOP to the process group of each of the node's job ranks (found by their `FLEETMEND_RANK_DIR`) | nothing: the node is healthy, its rank stops stepping and posting, which the queue sees |
+//! | `nan` | nothing: SIGUSR2 to each of the node's job ranks, the bundled trainer's fault hook (its next gradient gets a NaN) | nothing: the job's loss goes NaN, which the queue sees |
+//! | `slow:PERCENT` | nothing: each of the node's job ranks moved into a CPU cgroup with PERCENT % of the CPU it used (root only) | nothing: the rank steps slower, which the queue sees as a straggler |
 //!
 //! A persistent fault survives [`NodeTree::reboot`] (it is written again into the new boot's tree:
 //! a broken part, not a passing event); the others are gone after a reboot.
+
+mod job;
+
+pub use self::job::release_throttles;
 
 use std::fmt;
 use std::fs;
@@ -113,10 +120,19 @@ pub enum Fault {
     KernelMce,
     /// The node's agent is killed (SIGKILL): the node stops reporting.
     AgentKill,
+    /// The node's job ranks are stopped (SIGSTOP): the job hangs in its collective with no log
+    /// line and no finding.
+    Hang,
+    /// The node's job ranks get SIGUSR2, on which the bundled trainer puts a NaN into its next
+    /// gradient: the job's loss goes NaN, as after a bad batch or silent data corruption.
+    Nan,
+    /// The node's job ranks are moved into a CPU cgroup whose quota lets them use this
+    /// percentage of the CPU they used before: a rank that steps slower than its peers.
+    Slow(u32),
 }
 
 /// Every fault name, as `fleetmend inject` takes them.
-pub const FAULT_NAMES: [&str; 18] = [
+pub const FAULT_NAMES: [&str; 21] = [
     "gpu-xid:N",
     "gpu-missing",
     "row-remap-failure",
@@ -135,15 +151,31 @@ pub const FAULT_NAMES: [&str; 18] = [
     "disk-readonly",
     "kernel-mce",
     "agent-kill",
+    "hang",
+    "nan",
+    "slow:PERCENT",
 ];
 
 /// The most digits an Xid code has in the driver's kernel-log line.
 const MAX_XID: u32 = 99_999;
 
 impl Fault {
-    /// Whether the fault is written into the tree (all but `agent-kill`, which kills a process).
+    /// Whether the fault is written into the tree (all but `agent-kill` and `hang`, which signal
+    /// processes).
     pub fn is_tree_fault(&self) -> bool {
-        !matches!(self, Fault::AgentKill)
+        !matches!(self, Fault::AgentKill | Fault::Hang | Fault::Nan | Fault::Slow(_))
+    }
+
+    /// Whether the fault hits the job's ranks rather than the node (`hang`, `nan`): the node
+    /// stays healthy and the queue, not the agent, sees it.
+    pub fn is_job_fault(&self) -> bool {
+        matches!(self, Fault::Hang | Fault::Nan | Fault::Slow(_))
+    }
+
+    /// Whether the fault can survive a reboot (a process fault cannot: the reboot ends the
+    /// processes it hit).
+    pub fn can_persist(&self) -> bool {
+        self.is_tree_fault()
     }
 
     /// What the node's agent reports once the fault is written: (check, finding) pairs. Empty for
@@ -172,7 +204,7 @@ impl Fault {
             Fault::DiskFull => &[(disk::NAME, "disk_full")],
             Fault::DiskReadonly => &[(disk::NAME, "disk_readonly")],
             Fault::KernelMce => &[(kernel_log::NAME, "mce")],
-            Fault::AgentKill => &[],
+            Fault::AgentKill | Fault::Hang | Fault::Nan | Fault::Slow(_) => &[],
         }
     }
 
@@ -238,6 +270,16 @@ impl Fault {
             Fault::DiskReadonly => format!("proc/mounts: {FAULTY_MOUNT} remounted read-only"),
             Fault::KernelMce => "kernel log: mce: [Hardware Error] machine check".to_owned(),
             Fault::AgentKill => "SIGKILL to the pid in agent.pid".to_owned(),
+            Fault::Hang => {
+                "SIGSTOP to the process group of each of the node's job ranks".to_owned()
+            }
+            Fault::Nan => {
+                "SIGUSR2 to each of the node's job ranks: the trainer's next gradient gets a NaN"
+                    .to_owned()
+            }
+            Fault::Slow(percent) => format!(
+                "each of the node's job ranks in a CPU cgroup with {percent} % of the CPU it used"
+            ),
         }
     }
 }
@@ -263,6 +305,9 @@ impl fmt::Display for Fault {
             Fault::DiskReadonly => f.write_str("disk-readonly"),
             Fault::KernelMce => f.write_str("kernel-mce"),
             Fault::AgentKill => f.write_str("agent-kill"),
+            Fault::Hang => f.write_str("hang"),
+            Fault::Nan => f.write_str("nan"),
+            Fault::Slow(percent) => write!(f, "slow:{percent}"),
         }
     }
 }
@@ -280,6 +325,18 @@ impl FromStr for Fault {
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let error = |reason: String| FaultParseError { text: text.to_owned(), reason };
+        if let Some(percent) = text.strip_prefix("slow:") {
+            return match percent.trim_end_matches('%').parse::<u32>() {
+                Ok(percent) if (1..=99).contains(&percent) => Ok(Fault::Slow(percent)),
+                _ => Err(error(
+                    "the percentage of its CPU a rank keeps must be 1 to 99, e.g. slow:50"
+                        .to_owned(),
+                )),
+            };
+        }
+        if text == "slow" {
+            return Err(error("slow needs a percentage, e.g. slow:50".to_owned()));
+        }
         if let Some(code) = text.strip_prefix("gpu-xid:") {
             return match code.parse::<u32>() {
                 Ok(code) if (1..=MAX_XID).contains(&code) => Ok(Fault::GpuXid(code)),
@@ -307,6 +364,8 @@ impl FromStr for Fault {
             "disk-readonly" => Fault::DiskReadonly,
             "kernel-mce" => Fault::KernelMce,
             "agent-kill" => Fault::AgentKill,
+            "hang" => Fault::Hang,
+            "nan" => Fault::Nan,
             _ => return Err(error("unknown name".to_owned())),
         })
     }
@@ -349,6 +408,27 @@ pub enum InjectError {
         "agent-kill cannot be persistent: a reboot starts the agent again (inject it again after the reboot)"
     )]
     PersistentAgentKill,
+    #[error(
+        "{fault} cannot be persistent: it signals processes, which a reboot ends (inject it again after the reboot)"
+    )]
+    NotPersistent { fault: Fault },
+    #[error(
+        "node {node} runs no job rank (none of its processes has a FLEETMEND_RANK_DIR under {}): nothing to {fault}",
+        dir.display()
+    )]
+    NoRanks { fault: Fault, node: String, dir: PathBuf },
+    #[error("{fault}: signalling rank {rank} of node {node} (pid {pid}): {errno}")]
+    SignalRank { fault: Fault, node: String, rank: String, pid: u32, errno: nix::errno::Errno },
+    #[error(
+        "{fault} needs root: it moves the ranks into a CPU cgroup (run fleetmend inject as root)"
+    )]
+    ThrottleNeedsRoot { fault: Fault },
+    #[error(
+        "{fault}: no cgroup hierarchy here can cap CPU (neither a cgroup v2 one with the cpu controller nor cgroup v1's cpu under /sys/fs/cgroup)"
+    )]
+    NoCpuController { fault: Fault },
+    #[error("{fault}: {what}: {source}")]
+    Throttle { fault: Fault, what: String, source: io::Error },
     #[error(
         "{fault} needs root: it mounts a real 1 MiB tmpfs on {} so the agent's statvfs and write probe see a full filesystem (run fleetmend inject as root)",
         path.display()
@@ -555,7 +635,9 @@ pub(crate) fn apply(tree: &NodeTree, meta: &TreeMeta, fault: &Fault) -> Result<(
         Fault::GpuLost => gpu_lost(tree, meta),
         Fault::XidBurst => xid_burst(tree, meta),
         Fault::GspTimeout => gsp_timeout(tree, meta),
-        Fault::AgentKill => Err(InjectError::NotATreeFault),
+        Fault::AgentKill | Fault::Hang | Fault::Nan | Fault::Slow(_) => {
+            Err(InjectError::NotATreeFault)
+        }
     }
 }
 
@@ -883,7 +965,9 @@ pub struct InjectArgs {
     /// The fault: gpu-xid:N (e.g. gpu-xid:79, gpu-xid:48), gpu-missing, row-remap-failure,
     /// nvlink-down, nic-down, ib-port-down, pcie-downtrained, gpu-throttle, nvswitch-fatal,
     /// mlx5-health, nic-pcie-downtrained, gpu-lost, xid-burst, gsp-timeout, disk-full (needs root), disk-readonly,
-    /// kernel-mce, agent-kill.
+    /// kernel-mce, agent-kill, hang (SIGSTOP of the node's job ranks), nan (SIGUSR2 to them: the
+    /// bundled trainer's next gradient gets a NaN), slow:PERCENT (they keep PERCENT % of their
+    /// CPU, in a cgroup; needs root).
     pub fault: String,
     /// Keep the fault across reboots of the node (a broken part, not a passing event).
     #[arg(long)]
@@ -907,6 +991,10 @@ pub fn inject_main(args: InjectArgs) -> ExitCode {
         eprintln!("fleetmend inject: {}", InjectError::PersistentAgentKill);
         return ExitCode::from(2);
     }
+    if !fault.can_persist() && args.persistent {
+        eprintln!("fleetmend inject: {}", InjectError::NotPersistent { fault });
+        return ExitCode::from(2);
+    }
     let tree = match open_node(&args.state_dir, &args.node) {
         Ok(tree) => tree,
         Err(message) => {
@@ -921,6 +1009,29 @@ pub fn inject_main(args: InjectArgs) -> ExitCode {
                     "{}: agent-kill: killed its agent (pid {pid}) with SIGKILL; the node stops reporting until it is rebooted",
                     tree.node()
                 );
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("fleetmend inject: {}: {err}", tree.node());
+                ExitCode::from(1)
+            }
+        };
+    }
+    if fault.is_job_fault() {
+        return match tree.signal_ranks(fault) {
+            Ok(ranks) => {
+                let ranks: Vec<String> =
+                    ranks.iter().map(|(rank, pid)| format!("{rank} (pid {pid})")).collect();
+                let what = match fault {
+                    Fault::Hang => {
+                        "stopped with SIGSTOP; the node stays healthy, its ranks stop stepping"
+                    }
+                    Fault::Slow(_) => {
+                        "throttled in a CPU cgroup; they step slower than their peers"
+                    }
+                    _ => "sent SIGUSR2; the trainer's next gradient gets a NaN",
+                };
+                println!("{}: {fault}: {} {what}", tree.node(), ranks.join(", "));
                 ExitCode::SUCCESS
             }
             Err(err) => {

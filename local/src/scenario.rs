@@ -327,6 +327,11 @@ impl Scenario {
                     field("persistent"),
                     "agent-kill cannot be persistent: a reboot starts the agent again",
                 );
+            } else if plan.persistent && !plan.fault.can_persist() {
+                push(
+                    field("persistent"),
+                    "a job fault (hang, nan) cannot be persistent: a reboot ends the ranks",
+                );
             }
         }
         problems

@@ -60,6 +60,11 @@ pub struct UpArgs {
     /// How long a simulated reboot keeps a node down.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub boot_delay: Duration,
+    /// How long the job's collectives wait for a silent rank before failing (the trainer's
+    /// `--collective-timeout`). `600s`, PyTorch's NCCL default, shows the queue's hang
+    /// detection apart from the collective's own timeout.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub collective_timeout: Duration,
     /// Run the fleet without a job (until Ctrl-C).
     #[arg(long, conflicts_with = "scenario")]
     pub no_job: bool,
@@ -206,6 +211,7 @@ async fn run(args: UpArgs) -> ExitCode {
         fresh: args.fresh,
         report_interval: args.report_interval,
         boot_delay: args.boot_delay,
+        collective_timeout: args.collective_timeout,
         ..FleetConfig::new(state_dir.clone(), exe)
     };
     let scenario = match args.scenario.as_deref().map(Scenario::load).transpose() {

@@ -175,6 +175,9 @@ pub struct Progress {
     /// The step the run started from (0, or the checkpoint it resumed).
     #[serde(default)]
     pub start_step: u64,
+    /// The step's loss. JSON has no NaN or infinity: a loss that is not finite goes as `null`
+    /// (or the strings `"NaN"`, `"Infinity"`, `"-Infinity"`) and reads back as NaN or infinity.
+    #[serde(with = "loss_json")]
     pub loss: f64,
     pub samples_per_second: f64,
     /// The newest complete checkpoint's step.
@@ -186,8 +189,47 @@ pub struct Progress {
     /// Seconds training stood still for the newest checkpoint (the in-memory copy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_stall_seconds: Option<f64>,
+    /// Seconds this rank computed per step (forward, backward, update; not the collective) over
+    /// the steps since its previous post: what a straggler is measured by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_seconds: Option<f64>,
+    /// The ranks this rank's collective is waiting for and has not heard from (not even a
+    /// keepalive) for a while: the ranks that did not reach the step. A heartbeat (a post repeated
+    /// while the step does not advance) carries it; empty while the rank is not waiting.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting_for: Vec<u32>,
     /// Unix time in milliseconds.
     pub at_ms: u64,
+}
+
+/// A loss on the wire: a number, or `null` / a string for what JSON cannot carry.
+mod loss_json {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(loss: &f64, serializer: S) -> Result<S::Ok, S::Error> {
+        if loss.is_finite() { serializer.serialize_f64(*loss) } else { serializer.serialize_none() }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Number(f64),
+            Text(String),
+        }
+        match Option::<Raw>::deserialize(deserializer)? {
+            Some(Raw::Number(loss)) => Ok(loss),
+            None => Ok(f64::NAN),
+            Some(Raw::Text(text)) => match text.to_ascii_lowercase().as_str() {
+                "nan" => Ok(f64::NAN),
+                "inf" | "infinity" | "+inf" | "+infinity" => Ok(f64::INFINITY),
+                "-inf" | "-infinity" => Ok(f64::NEG_INFINITY),
+                _ => Err(serde::de::Error::custom(format!(
+                    "loss {text:?} is neither a number nor NaN or infinity"
+                ))),
+            },
+        }
+    }
 }
 
 /// The queue's answer to a [`Progress`] post.
@@ -217,6 +259,30 @@ mod tests {
         let bad = NodeCommand { id: "c2".into(), kind: "run-rank".into(), args: BTreeMap::new() };
         let err = bad.args_as::<RunRank>().unwrap_err().to_string();
         assert!(err.contains("c2") && err.contains("missing field"), "{err}");
+    }
+
+    #[test]
+    fn a_loss_that_is_not_finite_goes_as_null_and_comes_back() {
+        let progress = |loss: &str| {
+            let json = format!(
+                r#"{{"job":"j","attempt":0,"rank":0,"step":5,"loss":{loss},"samples_per_second":1.0,"at_ms":1}}"#
+            );
+            serde_json::from_str::<Progress>(&json).map(|p| p.loss)
+        };
+        assert_eq!(progress("2.5").unwrap(), 2.5);
+        assert!(progress("null").unwrap().is_nan());
+        assert!(progress("\"NaN\"").unwrap().is_nan());
+        assert_eq!(progress("\"-Infinity\"").unwrap(), f64::NEG_INFINITY);
+        let err = progress("\"lots\"").unwrap_err().to_string();
+        assert!(err.contains("lots"), "{err}");
+        let mut sent: Progress = serde_json::from_str(
+            r#"{"job":"j","attempt":0,"rank":0,"step":5,"loss":1.0,"samples_per_second":1.0,"at_ms":1}"#,
+        )
+        .unwrap();
+        sent.loss = f64::NAN;
+        let text = serde_json::to_string(&sent).unwrap();
+        assert!(text.contains(r#""loss":null"#), "{text}");
+        assert!(serde_json::from_str::<Progress>(&text).unwrap().loss.is_nan());
     }
 
     #[test]

@@ -116,6 +116,16 @@ fn queue_families(queue: &QueueMetrics) -> Vec<MetricFamily> {
     }
     let mut restarts =
         family(JOB_RESTARTS, "Restarts of a job (failures and drains).", MetricType::COUNTER);
+    let mut hangs = family(
+        JOB_HANGS,
+        "Times a job was found hung (its step stopped advancing) and restarted.",
+        MetricType::COUNTER,
+    );
+    let mut slowest = family(
+        JOB_STRAGGLER_RATIO,
+        "A running job's slowest rank (label rank): its median compute time per step over the other ranks' median (1: as fast).",
+        MetricType::GAUGE,
+    );
     let mut goodput = family(
         JOB_GOODPUT_RATIO,
         "Productive time (stepping past steps done before) over wall time since submission.",
@@ -151,6 +161,11 @@ fn queue_families(queue: &QueueMetrics) -> Vec<MetricFamily> {
     for job in &queue.jobs {
         let labels = [("job", job.id.as_str())];
         push_counter(&mut restarts, &labels, f64::from(job.restarts));
+        push_counter(&mut hangs, &labels, f64::from(job.hangs));
+        if let Some((rank, ratio)) = job.slowest_rank {
+            let rank = rank.to_string();
+            push_gauge(&mut slowest, &[("job", job.id.as_str()), ("rank", rank.as_str())], ratio);
+        }
         push_gauge(&mut goodput, &labels, job.goodput_ratio);
         push_counter(&mut lost, &labels, job.steps_lost as f64);
         if let Some(s) = job.step {
@@ -174,6 +189,8 @@ fn queue_families(queue: &QueueMetrics) -> Vec<MetricFamily> {
     let mut families = vec![
         jobs,
         restarts,
+        hangs,
+        slowest,
         goodput,
         lost,
         step,

@@ -159,6 +159,8 @@ pub enum FindingSource {
     Cloudwatch,
     /// The repairer itself (a node that stopped reporting).
     Repairer,
+    /// The embedded queue, from a job's progress (a straggler rank).
+    Job,
 }
 
 /// A non-ok finding the repairer is tracking on a node, with how long and how often it was seen.
@@ -277,6 +279,15 @@ pub enum EventKind {
     SpareTaken,
     /// A job has waited for nodes longer than `wait_alert`: how many it needs and which are out.
     JobWaiting,
+    /// A running job's step stopped advancing: the ranks that did not arrive are named and the
+    /// job is restarted.
+    JobHung,
+    /// A running job's loss went NaN or infinite: it is restarted from its newest checkpoint, or
+    /// fails when that happened before.
+    JobLossNotFinite,
+    /// A rank of a running job steps persistently slower than the others: a `straggler`
+    /// finding on its node.
+    JobStraggler,
     /// A healthy idle node was held out of work as a hot spare (Slurm's `spare_pool`).
     SpareHeld,
     /// An evidence bundle was kept before a disruptive repair (or none came in time).
@@ -307,6 +318,9 @@ impl EventKind {
             EventKind::JobCancelled => "job-cancelled",
             EventKind::SpareTaken => "spare-taken",
             EventKind::JobWaiting => "job-waiting",
+            EventKind::JobHung => "job-hung",
+            EventKind::JobLossNotFinite => "job-loss-not-finite",
+            EventKind::JobStraggler => "job-straggler",
             EventKind::Evidence => "evidence",
             EventKind::SpareHeld => "spare-held",
         }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use fleetmend_proto::Report;
+use fleetmend_proto::{Finding, Report};
 use tokio::sync::Notify;
 
 use crate::metrics::RepairerMetrics;
@@ -96,3 +96,17 @@ pub trait Heartbeats: Send + Sync + std::fmt::Debug {
 pub trait ReportObserver: Send + Sync {
     fn observe_report(&self, report: &Report, now: u64);
 }
+
+/// A finding the job queue raises (or clears) on a node from what a job shows, such as a
+/// straggler rank. The queue is the engine's scheduler, so it never calls the engine: it sends
+/// these down a channel that a task of the service hands to the engine's ingest.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobFinding {
+    pub node: String,
+    pub finding: Finding,
+    /// Raised (true) or cleared (false).
+    pub firing: bool,
+}
+
+/// Where the queue sends its [`JobFinding`]s.
+pub type JobFindings = tokio::sync::mpsc::UnboundedSender<JobFinding>;

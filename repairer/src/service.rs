@@ -10,7 +10,8 @@ use crate::commands::CommandQueue;
 use crate::config::{RepairerConfig, SchedulerKind};
 use crate::engine::{Engine, EngineError, EngineParts, Nodes};
 use crate::metrics::RepairerMetrics;
-use crate::ports::{EventLog, ReportObserver};
+use crate::model::FindingSource;
+use crate::ports::{EventLog, JobFinding, ReportObserver};
 use crate::provider::Provider;
 use crate::provider::config::{ProviderDeps, build as build_provider};
 use crate::queue::{JobQueue, QueuePorts};
@@ -158,6 +159,7 @@ pub async fn start_given(
     let unreachable_window =
         config.engine.report_interval.saturating_mul(config.engine.unreachable_after);
     let mut slurm_spares = None;
+    let mut job_findings = None;
     let (scheduler, queue): (Arc<dyn Scheduler>, Option<Arc<JobQueue>>) =
         match (given.scheduler, config.scheduler) {
             (Some(scheduler), _) => (scheduler, None),
@@ -168,11 +170,14 @@ pub async fn start_given(
                     .and_then(|name| name.into_string().ok())
                     .unwrap_or_else(|| "localhost".to_owned());
                 let base = config.queue.progress_base(local_addr, &hostname);
+                let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+                job_findings = Some(receiver);
                 let ports = QueuePorts {
                     events: events.clone(),
                     commands: commands.clone(),
                     fleet: nodes.clone(),
                     clock: clock.clone(),
+                    findings: Some(sender),
                 };
                 let queue = JobQueue::load(config.queue.clone(), ports, unreachable_window, &base)?;
                 (queue.clone(), Some(queue))
@@ -225,6 +230,19 @@ pub async fn start_given(
         Some(alerts)
     };
     engine.start()?;
+    if let Some(mut findings) = job_findings {
+        // The queue's findings (stragglers) go through the engine's ingest like an alert's.
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            while let Some(JobFinding { node, finding, firing }) = findings.recv().await {
+                if let Err(err) =
+                    engine.ingest_external(&node, FindingSource::Job, &finding, firing)
+                {
+                    tracing::warn!(%node, error = %err, "a job finding was not taken in");
+                }
+            }
+        });
+    }
     if let Some(queue) = &queue {
         queue.start();
     }

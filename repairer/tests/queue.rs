@@ -226,6 +226,8 @@ fn progress(run: &RunRank, step: u64, start_step: u64, checkpoint_step: Option<u
         checkpoint_step,
         checkpoint_write_seconds: checkpoint_step.map(|_| 0.5),
         checkpoint_stall_seconds: None,
+        step_seconds: None,
+        waiting_for: Vec::new(),
         at_ms: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()

@@ -35,6 +35,8 @@ use std::fmt;
 use std::io::{self, IoSlice, Read};
 use std::net::{Shutdown, SocketAddr};
 use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -56,6 +58,70 @@ const ABORT_SEND_LIMIT: Duration = Duration::from_secs(5);
 
 /// Longest reason text carried in an abort frame.
 const MAX_REASON_CHARS: usize = 4096;
+
+/// Longest pause between keepalives while a rank waits on its predecessor, whatever the
+/// collective timeout: a waiting rank's heartbeat tells a silent predecessor from a waiting one
+/// within a few of them (see [`CollectiveWatch`]).
+const MAX_KEEPALIVE_EVERY: Duration = Duration::from_secs(1);
+
+/// Keepalive periods without a frame from the predecessor after which a waiting rank names it.
+const SILENT_KEEPALIVES: u32 = 3;
+
+/// What this rank's collective is doing, read by the progress heartbeat from another thread:
+/// whether an operation is under way and when a frame (data or keepalive) last came from the
+/// predecessor. A predecessor that itself waits sends keepalives; one that is computing, stopped
+/// or hung sends nothing: it has not reached the collective.
+#[derive(Debug)]
+pub struct CollectiveWatch {
+    epoch: Instant,
+    predecessor: usize,
+    keepalive_every: Duration,
+    /// Milliseconds since `epoch` at which the current operation began; `u64::MAX` between them.
+    op_since_ms: AtomicU64,
+    /// Milliseconds since `epoch` of the last frame from the predecessor (or the operation's start).
+    heard_ms: AtomicU64,
+}
+
+impl CollectiveWatch {
+    fn new(predecessor: usize, keepalive_every: Duration) -> CollectiveWatch {
+        CollectiveWatch {
+            epoch: Instant::now(),
+            predecessor,
+            keepalive_every,
+            op_since_ms: AtomicU64::new(u64::MAX),
+            heard_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn begin_op(&self) {
+        let now = self.now_ms();
+        self.heard_ms.store(now, Ordering::Relaxed);
+        self.op_since_ms.store(now, Ordering::Relaxed);
+    }
+
+    fn end_op(&self) {
+        self.op_since_ms.store(u64::MAX, Ordering::Relaxed);
+    }
+
+    fn heard(&self) {
+        self.heard_ms.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// The rank this one waits for inside an operation without hearing from it (not even a
+    /// keepalive) for [`SILENT_KEEPALIVES`] keepalive periods: it did not reach the collective.
+    pub fn waiting_for(&self) -> Option<usize> {
+        if self.op_since_ms.load(Ordering::Relaxed) == u64::MAX {
+            return None;
+        }
+        let silent = self.now_ms().saturating_sub(self.heard_ms.load(Ordering::Relaxed));
+        let limit = (self.keepalive_every * SILENT_KEEPALIVES).as_millis() as u64;
+        (silent > limit).then_some(self.predecessor)
+    }
+}
 
 /// Who this rank is and where the ranks meet (the job launcher's environment).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -428,6 +494,8 @@ pub struct Communicator {
     next_seq: u64,
     /// The first failure, once there was one.
     broken: Option<String>,
+    /// Shared with the predecessor link; `None` for a world of one rank.
+    watch: Option<Arc<CollectiveWatch>>,
 }
 
 impl Communicator {
@@ -443,10 +511,14 @@ impl Communicator {
             return Err(RendezvousError::InvalidSetup { problems });
         }
         let world = membership.world_size;
+        let predecessor = (membership.rank + world - 1) % world;
+        let keepalive_every = keepalive_every(config.collective_timeout);
+        let watch = Arc::new(CollectiveWatch::new(predecessor, keepalive_every));
         let ring = rendezvous::connect_ring(membership, config)?.map(|streams| Ring {
             successor: Link::new(streams.successor, (membership.rank + 1) % world),
-            predecessor: Link::new(streams.predecessor, (membership.rank + world - 1) % world),
+            predecessor: Link::new(streams.predecessor, predecessor).watched(watch.clone()),
         });
+        let watch = ring.as_ref().map(|_| watch);
         let mut communicator = Communicator {
             rank: membership.rank,
             world_size: world,
@@ -455,6 +527,7 @@ impl Communicator {
             chunk_bytes: config.chunk_bytes,
             next_seq: 0,
             broken: None,
+            watch,
         };
         // Both ring connections exist on every rank once this passes: a ring that is broken
         // somewhere fails the rendezvous, not the first training step.
@@ -470,6 +543,12 @@ impl Communicator {
     /// Number of ranks.
     pub fn world_size(&self) -> usize {
         self.world_size
+    }
+
+    /// What this rank's collective waits for, for a heartbeat from another thread; `None` for a
+    /// world of one rank.
+    pub fn watch(&self) -> Option<Arc<CollectiveWatch>> {
+        self.watch.clone()
     }
 
     /// Whether an earlier operation failed (every further one is refused).
@@ -535,7 +614,14 @@ impl Communicator {
             timeout: self.timeout,
             chunk_bytes: self.chunk_bytes,
         };
-        let Err(step) = body(ring, &context) else {
+        if let Some(watch) = &self.watch {
+            watch.begin_op();
+        }
+        let outcome = body(ring, &context);
+        if let Some(watch) = &self.watch {
+            watch.end_op();
+        }
+        let Err(step) = outcome else {
             return Ok(());
         };
         let error = CollectiveError { op, seq, rank: self.rank, failure: step.failure };
@@ -574,10 +660,15 @@ struct OpContext {
 }
 
 impl OpContext {
-    /// Often enough that a successor never waits a whole timeout without hearing from a live rank.
     fn keepalive_every(&self) -> Duration {
-        (self.timeout / 4).max(Duration::from_millis(1))
+        keepalive_every(self.timeout)
     }
+}
+
+/// Often enough that a successor never waits a whole timeout without hearing from a live rank,
+/// and at least every [`MAX_KEEPALIVE_EVERY`].
+fn keepalive_every(timeout: Duration) -> Duration {
+    (timeout / 4).clamp(Duration::from_millis(1), MAX_KEEPALIVE_EVERY)
 }
 
 /// Why one step of an operation failed, and whether the successor can still be told.
@@ -650,6 +741,8 @@ struct Link {
     /// Arriving all-reduce frames that are added to the buffer rather than stored in it, reused
     /// across frames and operations.
     arrivals: Vec<f32>,
+    /// Told of every frame that arrives (the predecessor link).
+    watch: Option<Arc<CollectiveWatch>>,
 }
 
 /// The wire carries `f32`s little-endian; on a little-endian target that is their memory layout,
@@ -658,7 +751,11 @@ const NATIVE_IS_WIRE_ORDER: bool = cfg!(target_endian = "little");
 
 impl Link {
     fn new(stream: std::net::TcpStream, peer: usize) -> Link {
-        Link { stream, peer, scratch: Vec::new(), arrivals: Vec::new() }
+        Link { stream, peer, scratch: Vec::new(), arrivals: Vec::new(), watch: None }
+    }
+
+    fn watched(self, watch: Arc<CollectiveWatch>) -> Link {
+        Link { watch: Some(watch), ..self }
     }
 
     fn send_frame(
@@ -726,6 +823,9 @@ impl Link {
             let mut raw = [0u8; wire::FRAME_HEADER_LEN];
             wire::read_exact_until(&mut self.stream, &mut raw, Instant::now() + timeout)
                 .map_err(RecvFailure::Link)?;
+            if let Some(watch) = &self.watch {
+                watch.heard();
+            }
             let header = FrameHeader::decode(&raw).map_err(RecvFailure::OutOfStep)?;
             let len = header.payload_len as usize;
             match header.kind {

@@ -16,7 +16,8 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fleetmend_runtime::collective::{
-    CollectiveConfig, CollectiveError, CollectiveFailure, Communicator, Membership, RendezvousError,
+    CollectiveConfig, CollectiveError, CollectiveFailure, CollectiveWatch, Communicator,
+    Membership, RendezvousError,
 };
 
 /// Set in the environment of the child process that plays one rank.
@@ -460,6 +461,48 @@ fn a_silent_rank_fails_the_others_after_the_timeout_naming_it() {
         assert!(elapsed >= timeout - Duration::from_millis(100), "rank {rank} took {elapsed:?}");
         assert!(elapsed < timeout + Duration::from_secs(3), "rank {rank} took {elapsed:?}");
     }
+}
+
+#[test]
+fn a_waiting_rank_names_the_rank_that_has_not_reached_the_collective() {
+    let world = 3;
+    let late = 1;
+    let (watch_sender, watches) = mpsc::channel::<(usize, Arc<CollectiveWatch>)>();
+    let watch_sender = Mutex::new(watch_sender);
+    let (go_sender, go) = mpsc::channel::<()>();
+    let go = Mutex::new(go);
+    // Watches the ranks' watches while rank 1 stays out of the collective, then lets it in.
+    let observer = thread::spawn(move || {
+        let mut by_rank = BTreeMap::new();
+        while by_rank.len() < world {
+            let (rank, watch) = watches.recv_timeout(RANKS_LIMIT).unwrap();
+            by_rank.insert(rank, watch);
+        }
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while by_rank[&2].waiting_for() != Some(late) {
+            assert!(Instant::now() < deadline, "rank 2 never named rank 1");
+            thread::sleep(Duration::from_millis(10));
+        }
+        let others = (by_rank[&0].waiting_for(), by_rank[&1].waiting_for());
+        go_sender.send(()).unwrap();
+        others
+    });
+    // A collective timeout far longer than the wait: only the watch can tell.
+    let results = run_world(world, &config(Duration::from_secs(30), 4096), move |rank, comm| {
+        let watch = comm.watch().expect("a world of three has a ring");
+        watch_sender.lock().unwrap().send((rank, watch.clone())).unwrap();
+        if rank == late {
+            go.lock().unwrap().recv_timeout(RANKS_LIMIT).unwrap();
+        }
+        let mut values = input(rank, 1000);
+        comm.all_reduce_sum(&mut values).unwrap();
+        watch.waiting_for()
+    });
+    let (rank_0, rank_1) = observer.join().unwrap();
+    // Rank 0 waits for rank 2, which waits too and sends keepalives: rank 0 names nobody.
+    assert_eq!(rank_0, None);
+    assert_eq!(rank_1, None, "rank 1 is not in a collective");
+    assert!(results.values().all(Option::is_none), "{results:?}: nobody waits after it");
 }
 
 /// Kills the child process when the test ends, however it ends.

@@ -245,6 +245,10 @@ fn validate_sighting(category: &FaultCategory, at: &str, problems: &mut ConfigPr
             "agent-kill silences the node's agent: the check must be \"none\"",
         ),
         Fault::AgentKill => {}
+        fault if fault.is_job_fault() => problems.push(
+            format!("{at}.fault"),
+            format!("{fault} hits a job's ranks, which the simulator does not model per rank"),
+        ),
         fault if !expected.contains(&(category.check.as_str(), finding)) => {
             let raised: Vec<String> =
                 expected.iter().map(|(check, finding)| format!("{check}/{finding}")).collect();

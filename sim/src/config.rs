@@ -192,7 +192,11 @@ impl Default for RepairerSettings {
         // A replacement joins when the catalog says (2 days for a part); the repairer waits for
         // it rather than giving up after the default hour.
         engine.workflow.replace_timeout = DAY * 3;
-        RepairerSettings { policy: Policy::default(), engine, queue: QueueConfig::default() }
+        // The simulated job posts its progress every `job.progress_every` (30 min) without
+        // heartbeats, and no fault of the catalog hangs it: the queue would take the gap between
+        // two posts for a hang. `--set repairer.queue.hang_floor=...` turns it back on.
+        let queue = QueueConfig { hang_floor: Duration::ZERO, ..QueueConfig::default() };
+        RepairerSettings { policy: Policy::default(), engine, queue }
     }
 }
 

@@ -194,6 +194,8 @@ fn build(
         commands: commands.clone(),
         fleet: nodes.clone() as Arc<dyn FleetView>,
         clock: clock.clone(),
+        // The simulated job reports no step times: no stragglers to raise.
+        findings: None,
     };
     let queue =
         JobQueue::load(settings.queue.clone(), ports, window, "http://fleetmend-simulated:9830")

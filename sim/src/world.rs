@@ -524,7 +524,10 @@ impl World {
             Some(Fault::Mlx5Health) => {
                 (Status::Fail, RecommendedAction::Reboot, "NIC health compromised".to_owned())
             }
-            Some(Fault::AgentKill) => return Vec::new(),
+            // A silent agent reports nothing; job faults are refused by the catalog.
+            Some(Fault::AgentKill | Fault::Hang | Fault::Nan | Fault::Slow(_)) => {
+                return Vec::new();
+            }
             None => {
                 (Status::Warn, RecommendedAction::None, format!("{} ({})", row.finding, row.name))
             }
@@ -854,6 +857,8 @@ impl World {
                 checkpoint_step: (job.checkpoints > 0).then(|| steps(job.checkpoint_s)),
                 checkpoint_write_seconds: write_seconds.filter(|_| checkpointed),
                 checkpoint_stall_seconds: None,
+                step_seconds: None,
+                waiting_for: Vec::new(),
                 at_ms: now,
             };
             let token = job.token.clone();

@@ -29,6 +29,7 @@ import argparse
 import hashlib
 import io
 import json
+import math
 import os
 import random
 import shutil
@@ -365,10 +366,18 @@ class StopFlags:
 class ProgressPoster:
     """Posts progress lines to FLEETMEND_PROGRESS_URL (when the queue set it), at most once a
     second, and returns the checkpoint interval the queue asks for (`--checkpoint-every auto`).
-    Never blocks training for long and never fails it: the queue's view is a convenience."""
+    While no step finishes, a daemon thread repeats the newest line every HEARTBEAT_SECONDS with
+    a fresh `at_ms`: the queue declares the job hung when the step stops advancing, and names a
+    rank whose heartbeats stopped too (a stopped or crashed process). Never blocks training for
+    long and never fails it: the queue's view is a convenience."""
+
+    HEARTBEAT_SECONDS = 2.0
 
     def __init__(self, url, token):
+        import threading
         self.url, self.token, self.last, self.warned = url, token, 0.0, False
+        self.latest, self.lock = None, threading.Lock()
+        threading.Thread(target=self._beat, name="progress-heartbeat", daemon=True).start()
 
     @classmethod
     def from_environ(cls, environ=None):
@@ -376,11 +385,22 @@ class ProgressPoster:
         url = environ.get("FLEETMEND_PROGRESS_URL")
         return cls(url, environ.get("FLEETMEND_PROGRESS_TOKEN", "")) if url else None
 
+    def _beat(self):
+        while True:
+            time.sleep(self.HEARTBEAT_SECONDS)
+            with self.lock:
+                due = self.latest is not None and time.monotonic() - self.last >= self.HEARTBEAT_SECONDS
+                line = dict(self.latest, at_ms=int(time.time() * 1000)) if due else None
+            if line:
+                self.post(line)
+
     def post(self, line):
-        now = time.monotonic()
-        if now - self.last < 1.0:
-            return None
-        self.last = now
+        with self.lock:
+            self.latest = line
+            now = time.monotonic()
+            if now - self.last < 1.0:
+                return None
+            self.last = now
         import urllib.request
         request = urllib.request.Request(
             self.url, data=json.dumps(line).encode(), method="POST",
@@ -542,19 +562,24 @@ def run(env, trainer, args, flags):
         log("resumed", rank=env.rank, step=step, checkpoint=path, restart_count=env.restart_count)
     start_step = step
     progress = ProgressPoster.from_environ()
+    lost_weights = False
     while step < args.steps:
         started = time.monotonic()
         loss = trainer.train_step(step)
-        samples_per_second = args.batch_size / max(time.monotonic() - started, 1e-9)
+        step_seconds = time.monotonic() - started
+        samples_per_second = args.batch_size / max(step_seconds, 1e-9)
         step += 1
         periodic = args.checkpoint_every > 0 and step % args.checkpoint_every == 0
         # A step boundary: agree on the flags (MAX over ranks), so every rank takes the same
         # branch even if a signal reached only some of them yet, or their intervals differ.
-        usr1, term, periodic = trainer.agree(
-            [flags.checkpoint_requested, flags.stop_requested, periodic])
+        usr1, term, periodic, lost = trainer.agree(
+            [flags.checkpoint_requested, flags.stop_requested, periodic, not math.isfinite(loss)])
         flags.checkpoint_requested = False
+        # Weights that gave a NaN or infinite loss on any rank are never checkpointed: a restart
+        # resumes from the newest checkpoint before them (the queue restarts the job on it).
+        lost_weights = lost_weights or lost
         wrote = None
-        if usr1 or term or periodic or step == args.steps:
+        if (usr1 or term or periodic or step == args.steps) and not lost_weights:
             if env.rank == 0:
                 try:
                     wrote = write_checkpoint(env.checkpoint_dir, step, env.world_size, env.job_id,
@@ -566,7 +591,10 @@ def run(env, trainer, args, flags):
             trainer.barrier()
         line = {
             "job": env.job_id, "attempt": env.restart_count, "rank": env.rank, "step": step,
-            "start_step": start_step, "loss": loss, "samples_per_second": samples_per_second,
+            # JSON has no NaN: a loss that is not finite goes as null.
+            "start_step": start_step, "loss": loss if math.isfinite(loss) else None,
+            "samples_per_second": samples_per_second,
+            "step_seconds": step_seconds,
             **({"checkpoint_step": step} if wrote else {}),
             "at_ms": int(time.time() * 1000),
         }

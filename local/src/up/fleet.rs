@@ -64,6 +64,8 @@ pub struct FleetConfig {
     pub boot_delay: Duration,
     /// When an agent stops, its ranks' grace between SIGTERM and SIGKILL.
     pub rank_stop_grace: Duration,
+    /// The job's collective timeout (the trainer's `--collective-timeout`).
+    pub collective_timeout: Duration,
     /// Longest wait for every agent's first report at start.
     pub join_timeout: Duration,
     /// The `fleetmend` executable the agents and the trainer run as.
@@ -106,6 +108,7 @@ impl FleetConfig {
             report_interval: Duration::from_millis(300),
             boot_delay: Duration::from_secs(2),
             rank_stop_grace: Duration::from_secs(5),
+            collective_timeout: Duration::from_secs(10),
             join_timeout: Duration::from_secs(60),
             exe,
             mode: Mode::Enforce,
@@ -148,6 +151,7 @@ impl FleetConfig {
             ("report_interval", self.report_interval),
             ("rank_stop_grace", self.rank_stop_grace),
             ("join_timeout", self.join_timeout),
+            ("collective_timeout", self.collective_timeout),
         ] {
             if value.is_zero() {
                 push(field, "must be greater than zero".to_owned());
@@ -721,7 +725,7 @@ impl Fleet {
             "--checkpoint-every".to_owned(),
             self.config.checkpoint_every.clone(),
             "--collective-timeout".to_owned(),
-            "10s".to_owned(),
+            humantime::format_duration(self.config.collective_timeout).to_string(),
             "--rendezvous-timeout".to_owned(),
             "60s".to_owned(),
         ];
@@ -1007,8 +1011,9 @@ impl Fleet {
             steps: self.config.steps,
             checkpoint_every: self.config.checkpoint_every.clone(),
             train_args: format!(
-                "--seed {} --collective-timeout 10s --rendezvous-timeout 60s",
-                self.config.seed
+                "--seed {} --collective-timeout {} --rendezvous-timeout 60s",
+                self.config.seed,
+                humantime::format_duration(self.config.collective_timeout)
             ),
         };
         let job = SlurmJob::submit(&slurm.cluster, &settings).await?;

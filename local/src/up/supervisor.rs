@@ -478,6 +478,13 @@ impl Supervisor {
     ) -> Result<(), SupervisorError> {
         if matches!(fault, Fault::AgentKill) {
             self.kill_agent(node)?;
+        } else if fault.is_job_fault() {
+            let tree = self.tree(node)?;
+            tree.signal_ranks(*fault).map_err(|source| SupervisorError::Inject {
+                fault: fault.to_string(),
+                node: node.to_owned(),
+                source,
+            })?;
         } else {
             // The tree has its own lock (shared with `fleetmend inject`): not taken under ours.
             let tree = self.tree(node)?;
@@ -635,6 +642,7 @@ impl Supervisor {
             if let Err(err) = slot.tree.cleanup() {
                 tracing::warn!(node, error = %err, "unmounting the node's tree failed");
             }
+            crate::faults::release_throttles(node);
         }
     }
 

@@ -202,6 +202,13 @@ pub fn builtin_rules() -> Vec<RuleConfig> {
             source: Some(FindingSource::Cloudwatch),
             ..rule("cloudwatch-fail", RuleActionSpec::Drain)
         },
+        // What a job shows of its node (a straggler rank): the queue's recommendation, drain
+        // when a spare or free node can take the rank's place at the checkpoint the drain asks
+        // for, else a warning.
+        RuleConfig {
+            source: Some(FindingSource::Job),
+            ..rule("job-health", RuleActionSpec::Recommended)
+        },
         // Everything else the agent fails: its recommendation. Two observations so a single
         // glitchy poll does not take a node out; events (Xid, kernel log) are caught above or
         // arrive in every report while their window lasts.

@@ -43,6 +43,28 @@ pub struct QueueConfig {
     /// A job waiting for nodes longer than this raises a `job-waiting` warning with why.
     #[serde(with = "humantime_serde")]
     pub wait_alert: Duration,
+    /// A running job whose step has not advanced for this many of its median step times (and at
+    /// least `hang_floor`) is hung: stopped, the ranks that did not arrive named, and restarted
+    /// from its newest checkpoint.
+    pub hang_factor: f64,
+    /// The shortest stall counted as a hang, whatever the step time. Zero: no hang detection.
+    #[serde(with = "humantime_serde")]
+    pub hang_floor: Duration,
+    /// A node named in two hangs within this window gets a `hang_repeated` finding (drain):
+    /// its rank, not chance, stops the job.
+    #[serde(with = "humantime_serde")]
+    pub hang_window: Duration,
+    /// Restarts of a job whose loss went NaN or infinite (each from its newest checkpoint)
+    /// before the next such loss fails it: a loss that goes bad again after a restart is the
+    /// data's or the model's, not a passing fault.
+    pub nan_restarts: u32,
+    /// A rank whose median step compute time is at least this many times the other ranks'
+    /// median is a straggler: a `straggler` finding on its node. Zero: no straggler detection.
+    pub straggler_ratio: f64,
+    /// Posts with a new step, per rank, that the medians are taken over.
+    pub straggler_window: u32,
+    /// Posts with a new step, per rank and attempt, left out before its samples count.
+    pub straggler_warmup: u32,
 }
 
 impl Default for QueueConfig {
@@ -58,6 +80,13 @@ impl Default for QueueConfig {
             mtbf_prior: Duration::from_secs(24 * 3600),
             spare_pool: 0,
             wait_alert: Duration::from_secs(60),
+            hang_factor: 10.0,
+            hang_floor: Duration::from_secs(20),
+            hang_window: Duration::from_secs(3600),
+            nan_restarts: 1,
+            straggler_ratio: 1.5,
+            straggler_window: 10,
+            straggler_warmup: 5,
         }
     }
 }
@@ -75,10 +104,25 @@ impl QueueConfig {
             ("stop_grace", self.stop_grace),
             ("mtbf_prior", self.mtbf_prior),
             ("wait_alert", self.wait_alert),
+            ("hang_window", self.hang_window),
         ] {
             if value.is_zero() {
                 push(field, "must be greater than zero".to_owned());
             }
+        }
+        if !(self.hang_factor.is_finite() && self.hang_factor >= 1.0) {
+            push("hang_factor", format!("{} must be a number of at least 1", self.hang_factor));
+        }
+        if !(self.straggler_ratio == 0.0
+            || (self.straggler_ratio.is_finite() && self.straggler_ratio > 1.0))
+        {
+            push(
+                "straggler_ratio",
+                format!("{} must be more than 1 (or 0: off)", self.straggler_ratio),
+            );
+        }
+        if self.straggler_window < 3 {
+            push("straggler_window", "must be at least 3 posts".to_owned());
         }
         if self.master_port_min == 0 {
             push("master_port_min", "must be at least 1".to_owned());
@@ -122,12 +166,13 @@ mod tests {
             master_port_min: 30000,
             master_port_max: 29000,
             progress_base_url: Some("repairer:9830".into()),
+            hang_factor: 0.5,
             ..QueueConfig::default()
         };
         let fields: Vec<String> = bad.problems("queue").into_iter().map(|(f, _)| f).collect();
         assert_eq!(
             fields,
-            ["queue.tick", "queue.master_port_max", "queue.progress_base_url"],
+            ["queue.tick", "queue.hang_factor", "queue.master_port_max", "queue.progress_base_url"],
             "{fields:?}"
         );
     }

@@ -9,6 +9,8 @@ use std::str::FromStr;
 use fleetmend_proto::{Progress, RankState, RankStatus};
 use serde::{Deserialize, Serialize};
 
+use super::health::JobHealth;
+
 /// Where a job stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -227,6 +229,18 @@ pub struct RankRecord {
     /// Its latest progress post.
     #[serde(default)]
     pub progress: Option<Progress>,
+    /// When (the repairer's clock) its latest progress post came in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heard_ms: Option<u64>,
+    /// Its step compute times (`step_seconds`) of the posts that brought a new step, after its
+    /// warm-up, newest last: what straggler detection compares. Not stored: a restarted
+    /// repairer measures afresh.
+    #[serde(skip)]
+    pub step_samples: Vec<f64>,
+    /// Its posts that brought a new step in this attempt (the first `straggler_warmup` give no
+    /// sample: start-up, compilation, caches).
+    #[serde(skip)]
+    pub stepped_posts: u32,
 }
 
 impl RankRecord {
@@ -268,6 +282,9 @@ pub enum StopCause {
     Restart,
     /// A person cancelled it.
     Cancel,
+    /// It cannot go on (its loss went bad again): it fails with the reason, whatever restarts
+    /// remain.
+    Fail,
 }
 
 /// Where a stop stands.
@@ -398,9 +415,40 @@ pub struct Job {
     pub checkpoint_interval: Option<u64>,
     #[serde(default)]
     pub finished_ms: Option<u64>,
+    /// What its progress says of its health (hangs).
+    #[serde(default)]
+    pub health: JobHealth,
 }
 
 impl Job {
+    /// A job just submitted, waiting for nodes.
+    pub fn queued(id: String, seq: u64, spec: JobSpec, now: u64, progress_token: String) -> Job {
+        Job {
+            id,
+            seq,
+            name: spec.display_name(),
+            submitted_ms: now,
+            state: JobState::Queued,
+            state_since_ms: now,
+            reason: format!("waits for {} node(s)", spec.nodes),
+            attempt: 0,
+            restarts: 0,
+            nodes: Vec::new(),
+            master_addr: None,
+            master_port: None,
+            progress_token,
+            ranks: Vec::new(),
+            stop: None,
+            history: Vec::new(),
+            goodput: Goodput::default(),
+            measured: Measured::default(),
+            checkpoint_interval: None,
+            finished_ms: None,
+            health: JobHealth::default(),
+            spec,
+        }
+    }
+
     /// Productive time over wall time since submission (to the end, once finished).
     pub fn goodput_ratio(&self, now: u64) -> f64 {
         let end = self.finished_ms.unwrap_or(now);

@@ -11,6 +11,7 @@
 //! its running ranks: their agents go on reporting them.
 
 pub mod config;
+pub mod health;
 pub mod interval;
 pub mod job;
 pub mod placement;
@@ -38,7 +39,7 @@ use crate::clock::{self, SharedClock};
 use crate::commands::CommandQueue;
 use crate::metrics::ResumeSeconds;
 use crate::model::{Actor, Event, EventKind, Severity};
-use crate::ports::{EventLog, FleetView};
+use crate::ports::{EventLog, FleetView, JobFindings};
 use crate::store::StoreError;
 
 /// The settings key of the nodes drained in the queue.
@@ -114,6 +115,13 @@ struct QueueState {
     mtbf: BTreeMap<u32, (u64, f64)>,
     /// Queued jobs whose wait for nodes was alerted: job → the start of the wait alerted.
     wait_alerted: BTreeMap<String, u64>,
+    /// Straggler findings raised and not yet cleared: (job, rank) → the rank's node.
+    stragglers: BTreeMap<(String, u32), String>,
+    /// When each node was named in a hang, within `hang_window` (not stored: a restarted
+    /// repairer counts afresh).
+    hang_named: BTreeMap<String, Vec<u64>>,
+    /// Nodes whose `hang_repeated` finding is raised.
+    hang_repeated: BTreeSet<String>,
 }
 
 /// Figures for `/metrics`.
@@ -133,6 +141,10 @@ pub struct JobFigures {
     pub goodput_ratio: f64,
     pub steps_lost: u64,
     pub step: Option<u64>,
+    /// Hangs declared over its life.
+    pub hangs: u32,
+    /// A running job's slowest rank: (rank, its median step compute time over the others').
+    pub slowest_rank: Option<(u32, f64)>,
     /// The current attempt's newest progress: loss, throughput and its newest checkpoint.
     pub progress: Option<Progress>,
 }
@@ -147,6 +159,8 @@ pub struct JobQueue {
     clock: SharedClock,
     /// `<base>/v1/jobs/<id>/progress`: the URL ranks reach the repairer at.
     progress_base: String,
+    /// Where straggler findings go.
+    findings: Option<JobFindings>,
     /// A node with no report for this long is not eligible (the engine's unreachable window).
     unreachable_window_ms: u64,
     state: Mutex<QueueState>,
@@ -186,7 +200,7 @@ impl JobQueue {
         unreachable_window: std::time::Duration,
         progress_base: &str,
     ) -> Result<Arc<JobQueue>, QueueError> {
-        let QueuePorts { events, commands, fleet, clock } = ports;
+        let QueuePorts { events, commands, fleet, clock, findings } = ports;
         let jobs: Vec<Job> = events.store().jobs()?;
         let drained: BTreeMap<String, QueueDrain> =
             events.store().setting(DRAINED_KEY)?.unwrap_or_default();
@@ -212,6 +226,7 @@ impl JobQueue {
             fleet,
             clock,
             progress_base: progress_base.trim_end_matches('/').to_owned(),
+            findings,
             unreachable_window_ms: unreachable_window.as_millis() as u64,
             state: Mutex::new(state),
             resume_seconds: ResumeSeconds::new(),
@@ -274,29 +289,7 @@ impl JobQueue {
         let mut state = self.lock();
         let seq = state.next_seq;
         let id = format!("j-{seq}");
-        let job = Job {
-            id: id.clone(),
-            seq,
-            name: spec.display_name(),
-            submitted_ms: now,
-            state: JobState::Queued,
-            state_since_ms: now,
-            reason: format!("waits for {} node(s)", spec.nodes),
-            attempt: 0,
-            restarts: 0,
-            nodes: Vec::new(),
-            master_addr: None,
-            master_port: None,
-            progress_token: random_token(),
-            ranks: Vec::new(),
-            stop: None,
-            history: Vec::new(),
-            goodput: Default::default(),
-            measured: Default::default(),
-            checkpoint_interval: None,
-            finished_ms: None,
-            spec,
-        };
+        let job = Job::queued(id.clone(), seq, spec, now, random_token());
         let saved = self.events.store().put_job(&id, seq, job.state.as_str(), &job);
         self.events
             .write("put_job", saved)
@@ -399,6 +392,8 @@ pub struct QueuePorts {
     pub commands: Arc<CommandQueue>,
     pub fleet: Arc<dyn FleetView>,
     pub clock: SharedClock,
+    /// Where straggler findings go (to the engine); none: they are only logged as events.
+    pub findings: Option<JobFindings>,
 }
 
 impl std::fmt::Debug for QueuePorts {

@@ -44,7 +44,24 @@ impl JobQueue {
         let mut ended = false;
         if current {
             self.account(job, progress, now);
-            job.ranks[progress.rank as usize].progress = Some(progress.clone());
+            job.health.observe(progress.step, progress.start_step, progress.loss, now);
+            let rank = &mut job.ranks[progress.rank as usize];
+            let stepped = rank.progress.as_ref().is_none_or(|p| progress.step > p.step);
+            if stepped && progress.step > progress.start_step {
+                rank.stepped_posts += 1;
+                let seconds = progress.step_seconds.filter(|s| s.is_finite() && *s > 0.0);
+                if let Some(seconds) = seconds
+                    && rank.stepped_posts > self.config.straggler_warmup
+                {
+                    let window = self.config.straggler_window.max(1) as usize;
+                    if rank.step_samples.len() >= window {
+                        rank.step_samples.remove(0);
+                    }
+                    rank.step_samples.push(seconds);
+                }
+            }
+            rank.progress = Some(progress.clone());
+            rank.heard_ms = Some(now);
             if let Some(seconds) = progress.checkpoint_write_seconds {
                 job.measured.checkpoint_write_seconds = Some(seconds);
             }
@@ -193,6 +210,9 @@ impl JobQueue {
                 goodput_ratio: j.goodput_ratio(now),
                 steps_lost: j.goodput.steps_lost_total,
                 step: j.step(),
+                hangs: j.health.hangs,
+                slowest_rank: super::health::slowest_rank(j, self.config.straggler_window as usize)
+                    .map(|s| (s.rank, s.ratio)),
                 progress: j.latest_progress().cloned(),
             })
             .collect();

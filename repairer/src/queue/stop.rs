@@ -19,14 +19,27 @@ impl JobQueue {
         sent
     }
 
+    /// Stops the job's attempt: a restart first asks for a checkpoint, a cancel does not.
     pub(super) fn begin_stop(&self, job: &mut Job, cause: StopCause, reason: &str, now: u64) {
+        let phase = match cause {
+            StopCause::Restart => StopPhase::Checkpoint,
+            StopCause::Cancel | StopCause::Fail => StopPhase::Term,
+        };
+        self.begin_stop_at(job, cause, phase, reason, now);
+    }
+
+    /// Stops the job's attempt starting at `phase`.
+    pub(super) fn begin_stop_at(
+        &self,
+        job: &mut Job,
+        cause: StopCause,
+        phase: StopPhase,
+        reason: &str,
+        now: u64,
+    ) {
         if cause == StopCause::Restart {
             job.goodput.failure_ms = Some(now);
         }
-        let phase = match cause {
-            StopCause::Restart => StopPhase::Checkpoint,
-            StopCause::Cancel => StopPhase::Term,
-        };
         job.stop = Some(Stop {
             cause,
             reason: reason.to_owned(),
@@ -168,7 +181,7 @@ impl JobQueue {
             self.complete(job, now);
             return;
         }
-        let failed = stop.cause == StopCause::Restart;
+        let failed = matches!(stop.cause, StopCause::Restart | StopCause::Fail);
         self.end_attempt(job, now, &stop.reason, failed);
         match stop.cause {
             StopCause::Cancel => {
@@ -191,6 +204,12 @@ impl JobQueue {
                 );
                 set_state(job, JobState::Queued, &why, now);
                 self.event(EventKind::JobRequeued, Severity::Warning, None, self.about(job, &why));
+            }
+            StopCause::Fail => {
+                job.finished_ms = Some(now);
+                let why = format!("failed: {}", stop.reason);
+                set_state(job, JobState::Failed, &why, now);
+                self.event(EventKind::JobFailed, Severity::Critical, None, self.about(job, &why));
             }
             StopCause::Restart => {
                 job.finished_ms = Some(now);

@@ -8,12 +8,14 @@ use fleetmend_proto::jobs::{PROGRESS_TOKEN_VAR, PROGRESS_URL_VAR, command_with_a
 use fleetmend_proto::{NodeCommand, RankKey, RunRank, command_kind};
 use fleetmend_runtime::checkpoint::ProtocolEnv;
 
+use super::health::{self, HangRule, LossVerdict, StragglerRule};
 use super::placement::{self, Candidate, Placement, Waiting};
 use super::{
-    AttemptRecord, Job, JobQueue, JobState, QueueState, RankRecord, StopCause, Unusable, reindex,
-    restarting, set_state,
+    AttemptRecord, Job, JobQueue, JobState, QueueState, RankRecord, StopCause, StopPhase, Unusable,
+    reindex, restarting, set_state,
 };
 use crate::model::{EventKind, NodeState, Severity};
+use crate::ports::JobFinding;
 use crate::scheduler::is_spare;
 
 /// How long placement that found no room waits before trying again with an unchanged fleet (a
@@ -68,6 +70,9 @@ impl JobQueue {
                     || j.state.is_final()
                     || (j.state == JobState::Queued && !retry)
             };
+            self.stop_hung(&mut state, now);
+            self.stop_bad_loss(&mut state, now);
+            self.flag_stragglers(&mut state);
             let alert_due = self.wait_alert_due(&state, now);
             let quiet = !fleet_changed
                 && !alert_due
@@ -286,6 +291,138 @@ impl JobQueue {
         }
     }
 
+    /// Stops every running job that is hung ([`health::hang`]): a `job-hung` warning naming the
+    /// ranks that did not arrive, then SIGTERM and SIGKILL (a hung collective cannot write a
+    /// checkpoint, so none is asked for) and a restart from the newest checkpoint.
+    fn stop_hung(&self, state: &mut QueueState, now: u64) {
+        let rule = HangRule { factor: self.config.hang_factor, floor: self.config.hang_floor };
+        if rule.floor.is_zero() {
+            return;
+        }
+        let window = self.config.hang_window.as_millis() as u64;
+        let QueueState { jobs, hang_named, hang_repeated, .. } = state;
+        for job in jobs.values_mut().filter(|j| j.state == JobState::Running) {
+            let Some(hang) = health::hang(job, &rule, now) else { continue };
+            let why = hang.reason(job);
+            job.health.hangs += 1;
+            let named: Vec<String> = hang
+                .ranks
+                .iter()
+                .filter_map(|r| job.ranks.get(*r as usize).map(|record| record.node.clone()))
+                .collect();
+            let node = named.first().cloned();
+            self.event(
+                EventKind::JobHung,
+                Severity::Warning,
+                node.as_deref(),
+                self.about(job, &why),
+            );
+            self.begin_stop_at(job, StopCause::Restart, StopPhase::Term, &why, now);
+            for node in named {
+                let times = hang_named.entry(node.clone()).or_default();
+                times.push(now);
+                if times.len() >= 2 && hang_repeated.insert(node.clone()) {
+                    let finding =
+                        hang_repeated_finding(&job.id, times.len(), self.config.hang_window);
+                    self.send_finding(JobFinding { node, finding, firing: true });
+                }
+            }
+        }
+        // Hangs older than the window are forgotten; a node under two clears its finding.
+        hang_named.retain(|_, times| {
+            times.retain(|at| now.saturating_sub(*at) < window);
+            !times.is_empty()
+        });
+        let cleared: Vec<String> = hang_repeated
+            .iter()
+            .filter(|node| hang_named.get(*node).is_none_or(|times| times.len() < 2))
+            .cloned()
+            .collect();
+        for node in cleared {
+            hang_repeated.remove(&node);
+            let mut finding = hang_repeated_finding("", 0, self.config.hang_window);
+            finding.status = fleetmend_proto::Status::Ok;
+            finding.action = fleetmend_proto::RecommendedAction::None;
+            self.send_finding(JobFinding { node, finding, firing: false });
+        }
+    }
+
+    /// Stops every running job whose loss went NaN or infinite ([`health::loss_verdict`]): a
+    /// `job-loss-not-finite` warning, SIGTERM (no checkpoint is asked for: the state is lost), and
+    /// a restart from the newest checkpoint, or, past `nan_restarts`, the job fails.
+    fn stop_bad_loss(&self, state: &mut QueueState, now: u64) {
+        for job in state.jobs.values_mut().filter(|j| j.state == JobState::Running) {
+            let Some(verdict) = health::loss_verdict(job, self.config.nan_restarts) else {
+                continue;
+            };
+            job.health.non_finite_losses += 1;
+            let (cause, why) = match verdict {
+                LossVerdict::Restart(why) => (StopCause::Restart, why),
+                LossVerdict::Fail(why) => (StopCause::Fail, why),
+            };
+            self.event(EventKind::JobLossNotFinite, Severity::Warning, None, self.about(job, &why));
+            self.begin_stop_at(job, cause, StopPhase::Term, &why, now);
+        }
+    }
+
+    /// Raises a `straggler` finding on the node of every rank persistently slower than its job's
+    /// others ([`health::stragglers`]) and clears those that no longer are (or whose job is no
+    /// longer running). Drain is advised while a spare or a free node can take its place;
+    /// otherwise it is a warning.
+    fn flag_stragglers(&self, state: &mut QueueState) {
+        let rule = StragglerRule {
+            ratio: self.config.straggler_ratio,
+            window: self.config.straggler_window as usize,
+        };
+        if rule.ratio <= 0.0 {
+            return;
+        }
+        let mut found: BTreeMap<(String, u32), (String, health::Straggler)> = BTreeMap::new();
+        for job in state.jobs.values().filter(|j| j.state == JobState::Running) {
+            for straggler in health::stragglers(job, &rule) {
+                let Some(record) = job.ranks.get(straggler.rank as usize) else { continue };
+                found.insert((job.id.clone(), straggler.rank), (record.node.clone(), straggler));
+            }
+        }
+        if found.is_empty() && state.stragglers.is_empty() {
+            return;
+        }
+        let replaceable = state.drained.values().any(|d| is_spare(&d.reason))
+            || self.fleet.healthy() > state.assigned.len() as u64;
+        let gone: Vec<(String, u32)> =
+            state.stragglers.keys().filter(|k| !found.contains_key(*k)).cloned().collect();
+        for key in gone {
+            if let Some(node) = state.stragglers.remove(&key) {
+                let finding = straggler_finding(&key.0, key.1, None, replaceable);
+                self.send_finding(JobFinding { node, finding, firing: false });
+            }
+        }
+        for (key, (node, straggler)) in found {
+            if state.stragglers.contains_key(&key) {
+                continue;
+            }
+            let finding = straggler_finding(&key.0, key.1, Some(&straggler), replaceable);
+            if let Some(job) = state.jobs.get(&key.0) {
+                let why = format!("{} on {node}: {}", finding.subject, finding.message);
+                self.event(
+                    EventKind::JobStraggler,
+                    Severity::Warning,
+                    Some(&node),
+                    self.about(job, &why),
+                );
+            }
+            self.send_finding(JobFinding { node: node.clone(), finding, firing: true });
+            state.stragglers.insert(key, node);
+        }
+    }
+
+    fn send_finding(&self, finding: JobFinding) {
+        let Some(findings) = &self.findings else { return };
+        if findings.send(finding).is_err() {
+            tracing::warn!("the engine no longer takes the queue's findings");
+        }
+    }
+
     /// Whether a queued job has waited for nodes longer than `wait_alert` without its alert.
     fn wait_alert_due(&self, state: &QueueState, now: u64) -> bool {
         state.jobs.values().any(|j| {
@@ -396,8 +533,12 @@ impl JobQueue {
                 launched_ms: now,
                 status: None,
                 progress: None,
+                heard_ms: None,
+                step_samples: Vec::new(),
+                stepped_posts: 0,
             })
             .collect();
+        job.health.new_attempt();
         job.history.push(AttemptRecord {
             attempt: job.attempt,
             nodes: job.nodes.clone(),
@@ -513,4 +654,50 @@ impl JobQueue {
             _ => {}
         }
     }
+}
+
+/// The `straggler` finding of `rank` of `job` (`straggler` is `None` when it is cleared).
+fn straggler_finding(
+    job: &str,
+    rank: u32,
+    straggler: Option<&health::Straggler>,
+    replaceable: bool,
+) -> fleetmend_proto::Finding {
+    use fleetmend_proto::{Finding, RecommendedAction, Status};
+    let subject = format!("{job} rank {rank}");
+    let Some(straggler) = straggler else {
+        return Finding::new("job", "straggler", subject, Status::Ok, RecommendedAction::None, "");
+    };
+    let (status, action, then) = if replaceable {
+        (Status::Fail, RecommendedAction::Drain, "drain: a spare takes its place at the checkpoint")
+    } else {
+        (Status::Warn, RecommendedAction::None, "no spare or free node to take its place")
+    };
+    let message = format!(
+        "steps {:.2}x slower than the job's other ranks (median {:.3} s of compute); {then}",
+        straggler.ratio, straggler.seconds
+    );
+    let mut finding = Finding::new("job", "straggler", subject, status, action, message);
+    finding.value = Some((straggler.ratio * 100.0).round() / 100.0);
+    finding.labels.insert("job".to_owned(), job.to_owned());
+    finding.labels.insert("rank".to_owned(), rank.to_string());
+    finding
+}
+
+/// The `hang_repeated` finding of a node named in `count` hangs within `window` (the newest in
+/// `job`).
+fn hang_repeated_finding(
+    job: &str,
+    count: usize,
+    window: std::time::Duration,
+) -> fleetmend_proto::Finding {
+    use fleetmend_proto::{Finding, RecommendedAction, Status};
+    let message = format!(
+        "its rank did not arrive in {count} hangs within {} (the newest of job {job}): drain",
+        humantime::format_duration(window)
+    );
+    let mut finding =
+        Finding::new("job", "hang_repeated", "", Status::Fail, RecommendedAction::Drain, message);
+    finding.value = Some(count as f64);
+    finding
 }

@@ -51,7 +51,9 @@ use fleetmend_proto::jobs::{PROGRESS_TOKEN_VAR, PROGRESS_URL_VAR, Progress};
 use serde_json::json;
 
 use crate::checkpoint::{self, LoadedCheckpoint};
-use crate::collective::{CollectiveConfig, CollectiveError, Communicator, Membership};
+use crate::collective::{
+    CollectiveConfig, CollectiveError, CollectiveWatch, Communicator, Membership,
+};
 use data::{BatchSpec, Corpus};
 use model::{Gpt, ModelConfig, ParamSpec, VOCAB};
 use optim::{AdamW, AdamWConfig, TrainTensors};
@@ -278,15 +280,20 @@ struct Signals {
     /// While set (before training starts: rendezvous, resume), SIGTERM exits at once with 0:
     /// there is no progress to save yet.
     starting: Arc<AtomicBool>,
+    /// SIGUSR2 since the last step: the fault hook `fleetmend inject NODE nan` uses. The rank's
+    /// next gradient gets a NaN, as a bad batch or silent data corruption would give it; the
+    /// all-reduce spreads it to every rank's weights and the loss goes NaN from the step after.
+    poison: Arc<AtomicBool>,
 }
 
 impl Signals {
     fn register() -> Result<Self, TrainError> {
-        use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
+        use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
         let signals = Signals {
             checkpoint: Arc::new(AtomicBool::new(false)),
             stop: Arc::new(AtomicBool::new(false)),
             starting: Arc::new(AtomicBool::new(true)),
+            poison: Arc::new(AtomicBool::new(false)),
         };
         let problem = |e: std::io::Error| TrainError::InvalidSetup {
             problems: vec![format!("registering signal handlers: {e}")],
@@ -297,6 +304,7 @@ impl Signals {
             signal_hook::flag::register(signal, signals.stop.clone()).map_err(problem)?;
         }
         signal_hook::flag::register(SIGUSR1, signals.checkpoint.clone()).map_err(problem)?;
+        signal_hook::flag::register(SIGUSR2, signals.poison.clone()).map_err(problem)?;
         Ok(signals)
     }
 }
@@ -558,6 +566,8 @@ fn train(
     let mut optimizer = start.optimizer;
     let start_step = start.step;
     let mut done_loss = start.loss;
+    // Set once a non-finite gradient or loss has reached the weights.
+    let mut lost = false;
 
     emit(&json!({
         "event": "start",
@@ -588,7 +598,8 @@ fn train(
         _ => None,
     };
     let queue_interval = Arc::new(AtomicU64::new(0));
-    let poster = progress_poster(queue_interval.clone());
+    let poster =
+        progress_poster(queue_interval.clone(), comm.as_ref().and_then(Communicator::watch));
     let mut run = RunState {
         telemetry,
         writer,
@@ -621,6 +632,12 @@ fn train(
             let loss = model
                 .loss_and_grads(&inputs, &targets, args.batch_size, &mut buffer)
                 .map_err(|source| TrainError::Compute { rank, step, source })?;
+            if signals.poison.swap(false, Ordering::SeqCst)
+                && let Some(first) = buffer.first_mut()
+            {
+                *first = f32::NAN;
+                emit(&json!({ "event": "poisoned", "rank": rank, "step": step }));
+            }
             let periodic = rank == 0
                 && run.writer.is_some()
                 && interval_due(args.checkpoint_every, &queue_interval, step, last_requested);
@@ -672,7 +689,20 @@ fn train(
             window_steps += 1;
             window_compute += update_start.elapsed().as_secs_f64();
 
-            if checkpoint_now || stop_now {
+            // Weights updated with a NaN or infinite gradient, or that gave such a loss, are
+            // lost for good: they are never checkpointed, so a restart resumes from the newest
+            // checkpoint before them.
+            lost |= !done_loss.is_finite() || !buffer.iter().all(|g| g.is_finite());
+            let healthy = !lost;
+            if (checkpoint_now || stop_now) && !healthy {
+                last_requested = step;
+                emit(&json!({
+                    "event": "checkpoint refused",
+                    "rank": rank,
+                    "step": step,
+                    "reason": "the loss is not finite",
+                }));
+            } else if checkpoint_now || stop_now {
                 last_requested = step;
                 let trigger = if stop_now {
                     Trigger::Sigterm
@@ -693,7 +723,7 @@ fn train(
             }
             run.poll_writes(&mut spares);
             let due = last_progress.is_none_or(|at| at.elapsed() >= args.progress_interval);
-            if due || stop_now || step == args.steps {
+            if due || stop_now || !healthy || step == args.steps {
                 let elapsed = window_start.elapsed().as_secs_f64().max(1e-9);
                 let progress = Progress {
                     job: setup.job_id.clone(),
@@ -706,6 +736,8 @@ fn train(
                     checkpoint_step: run.committed,
                     checkpoint_write_seconds: run.last_write_seconds,
                     checkpoint_stall_seconds: run.last_stall_seconds,
+                    step_seconds: Some(window_compute / window_steps.max(1) as f64),
+                    waiting_for: Vec::new(),
                     at_ms: unix_ms(),
                 };
                 let per_step = |seconds: f64| seconds / window_steps.max(1) as f64;
@@ -733,7 +765,7 @@ fn train(
         Ok(stopped_at) => {
             let step = stopped_at.unwrap_or(args.steps);
             // The end of a run is a checkpoint too: a resumed run with the same --steps is done.
-            if stopped_at.is_none() && last_requested != step {
+            if stopped_at.is_none() && last_requested != step && !lost {
                 run.checkpoint(
                     &setup,
                     step,
@@ -1272,7 +1304,10 @@ fn share_start_point(
     })
 }
 
-fn progress_poster(interval: Arc<AtomicU64>) -> Option<progress::ProgressPoster> {
+fn progress_poster(
+    interval: Arc<AtomicU64>,
+    watch: Option<Arc<CollectiveWatch>>,
+) -> Option<progress::ProgressPoster> {
     let url = std::env::var(PROGRESS_URL_VAR).ok().filter(|u| !u.is_empty())?;
     let url = match progress::HttpUrl::parse(&url) {
         Ok(url) => url,
@@ -1282,7 +1317,7 @@ fn progress_poster(interval: Arc<AtomicU64>) -> Option<progress::ProgressPoster>
         }
     };
     let token = std::env::var(PROGRESS_TOKEN_VAR).ok().filter(|t| !t.is_empty());
-    match progress::ProgressPoster::start(url, token, interval) {
+    match progress::ProgressPoster::start(url, token, interval, watch) {
         Ok(poster) => Some(poster),
         Err(err) => {
             eprintln!(

@@ -4,16 +4,24 @@
 //! blocking (a post still in flight makes it drop the older one), each post has a short timeout,
 //! and failures are only logged (the first, then at most one line a minute). The queue's reply
 //! may carry a checkpoint interval (`--checkpoint-every auto`), handed back through an atomic.
+//!
+//! While the training loop offers nothing new (a long step, or a collective waiting for a rank
+//! that does not come), the thread repeats the newest post every [`HEARTBEAT_EVERY`] with the
+//! ranks the collective waits for ([`CollectiveWatch::waiting_for`]): the queue tells a hung
+//! job from a slow one by it, and names the rank that did not arrive. A stopped or hung rank
+//! posts nothing: its silence names it too.
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::sync::mpsc::{self, RecvTimeoutError, SyncSender, TrySendError};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use fleetmend_proto::jobs::{Progress, ProgressReply};
+
+use crate::collective::CollectiveWatch;
 
 /// Connect, write and read limit of one post.
 const POST_TIMEOUT: Duration = Duration::from_secs(2);
@@ -21,6 +29,8 @@ const POST_TIMEOUT: Duration = Duration::from_secs(2);
 const MAX_REPLY_BYTES: u64 = 64 * 1024;
 /// Repeated failures are logged at most this often.
 const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(60);
+/// How often the newest post is repeated while training offers nothing newer.
+pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(2);
 
 /// An `http://host:port/path` URL (the queue speaks plain HTTP on its own network).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,11 +79,13 @@ pub struct ProgressPoster {
 }
 
 impl ProgressPoster {
-    /// Starts the posting thread; a checkpoint interval in a reply is stored in `interval`.
+    /// Starts the posting thread; a checkpoint interval in a reply is stored in `interval`;
+    /// heartbeats say whom `watch` waits for.
     pub fn start(
         url: HttpUrl,
         token: Option<String>,
         interval: Arc<AtomicU64>,
+        watch: Option<Arc<CollectiveWatch>>,
     ) -> std::io::Result<Self> {
         let (sender, receiver) = mpsc::sync_channel::<Progress>(1);
         let (finished_sender, finished) = mpsc::channel::<()>();
@@ -81,7 +93,22 @@ impl ProgressPoster {
             let _finished = finished_sender;
             let mut last_failure_log: Option<Instant> = None;
             let mut failing = false;
-            for progress in receiver {
+            let mut latest: Option<Progress> = None;
+            loop {
+                let mut progress = match receiver.recv_timeout(HEARTBEAT_EVERY) {
+                    Ok(progress) => progress,
+                    Err(RecvTimeoutError::Timeout) => match &latest {
+                        Some(latest) => Progress { at_ms: unix_ms(), ..latest.clone() },
+                        None => continue,
+                    },
+                    Err(RecvTimeoutError::Disconnected) => break,
+                };
+                progress.waiting_for = watch
+                    .as_ref()
+                    .and_then(|w| w.waiting_for())
+                    .map(|rank| vec![rank as u32])
+                    .unwrap_or_default();
+                latest = Some(progress.clone());
                 match post(&url, token.as_deref(), &progress) {
                     Ok(reply) => {
                         if failing {
@@ -121,6 +148,12 @@ impl ProgressPoster {
             Ok(()) | Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {}
         }
     }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// One POST with a JSON body; the reply's [`ProgressReply`] (empty when the body has none).
@@ -229,20 +262,9 @@ mod tests {
         });
         let interval = Arc::new(AtomicU64::new(0));
         let url = HttpUrl::parse(&format!("http://127.0.0.1:{port}/p")).unwrap();
-        let poster = ProgressPoster::start(url, Some("tok".into()), interval.clone()).unwrap();
-        poster.offer(Progress {
-            job: "j".into(),
-            attempt: 0,
-            rank: 0,
-            step: 3,
-            start_step: 0,
-            loss: 1.5,
-            samples_per_second: 10.0,
-            checkpoint_step: None,
-            checkpoint_write_seconds: None,
-            checkpoint_stall_seconds: None,
-            at_ms: 1,
-        });
+        let poster =
+            ProgressPoster::start(url, Some("tok".into()), interval.clone(), None).unwrap();
+        poster.offer(progress(3));
         let request = server.join().unwrap();
         assert!(request.starts_with("POST /p HTTP/1.1\r\n"), "{request}");
         assert!(request.contains("Authorization: Bearer tok\r\n"), "{request}");
@@ -252,6 +274,60 @@ mod tests {
             assert!(Instant::now() < deadline, "interval never set");
             thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    fn progress(step: u64) -> Progress {
+        Progress {
+            job: "j".into(),
+            attempt: 0,
+            rank: 0,
+            step,
+            start_step: 0,
+            loss: 1.5,
+            samples_per_second: 10.0,
+            checkpoint_step: None,
+            checkpoint_write_seconds: None,
+            checkpoint_stall_seconds: None,
+            step_seconds: Some(0.01),
+            waiting_for: Vec::new(),
+            at_ms: 1,
+        }
+    }
+
+    /// The body of one request accepted on `listener`, answered with an empty 200.
+    fn accept_post(listener: &TcpListener) -> Progress {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut request = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !request.ends_with(b"}") {
+            let n = stream.read(&mut buf).unwrap();
+            assert!(n > 0);
+            request.extend_from_slice(&buf[..n]);
+        }
+        stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n").unwrap();
+        let text = String::from_utf8(request).unwrap();
+        let (_, body) = text.split_once("\r\n\r\n").unwrap();
+        serde_json::from_str(body).unwrap()
+    }
+
+    #[test]
+    fn with_nothing_new_the_newest_post_is_repeated_as_a_heartbeat() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let url = HttpUrl::parse(&format!("http://127.0.0.1:{port}/p")).unwrap();
+        let poster = ProgressPoster::start(url, None, Arc::new(AtomicU64::new(0)), None).unwrap();
+        poster.offer(progress(7));
+        let first = accept_post(&listener);
+        let started = Instant::now();
+        // Nothing more is offered: the same step comes again, newly dated, about
+        // HEARTBEAT_EVERY later.
+        let second = accept_post(&listener);
+        assert!(started.elapsed() >= HEARTBEAT_EVERY / 2, "{:?}", started.elapsed());
+        assert_eq!((first.step, second.step), (7, 7));
+        assert_eq!(first.at_ms, 1);
+        assert!(second.at_ms > 1, "a heartbeat carries its own time");
+        assert!(second.waiting_for.is_empty(), "no collective: nobody is waited for");
+        poster.finish(Duration::from_secs(5));
     }
 
     #[test]
