@@ -136,13 +136,7 @@ pub async fn start_given(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<Repairer, ServiceError> {
     let tokens = config.tokens()?;
-    if let Some(parent) = config.store.parent()
-        && !parent.as_os_str().is_empty()
-        && let Err(err) = std::fs::create_dir_all(parent)
-    {
-        // Opening the store says what is wrong with the path.
-        tracing::warn!(path = %parent.display(), error = %err, "creating the store's folder failed");
-    }
+    make_store_folder(&config.store);
     let clock = given.clock;
     let store = Arc::new(Store::open(&config.store)?);
     let metrics = Arc::new(RepairerMetrics::new());
@@ -165,11 +159,6 @@ pub async fn start_given(
             (Some(scheduler), _) => (scheduler, None),
             (None, SchedulerKind::Memory) => (Arc::new(MemoryScheduler::new()), None),
             (None, SchedulerKind::Embedded) => {
-                let hostname = nix::unistd::gethostname()
-                    .ok()
-                    .and_then(|name| name.into_string().ok())
-                    .unwrap_or_else(|| "localhost".to_owned());
-                let base = config.queue.progress_base(local_addr, &hostname);
                 let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
                 job_findings = Some(receiver);
                 let ports = QueuePorts {
@@ -179,6 +168,7 @@ pub async fn start_given(
                     clock: clock.clone(),
                     findings: Some(sender),
                 };
+                let base = config.queue.progress_base(local_addr, &hostname());
                 let queue = JobQueue::load(config.queue.clone(), ports, unreachable_window, &base)?;
                 (queue.clone(), Some(queue))
             }
@@ -230,18 +220,8 @@ pub async fn start_given(
         Some(alerts)
     };
     engine.start()?;
-    if let Some(mut findings) = job_findings {
-        // The queue's findings (stragglers) go through the engine's ingest like an alert's.
-        let engine = engine.clone();
-        tokio::spawn(async move {
-            while let Some(JobFinding { node, finding, firing }) = findings.recv().await {
-                if let Err(err) =
-                    engine.ingest_external(&node, FindingSource::Job, &finding, firing)
-                {
-                    tracing::warn!(%node, error = %err, "a job finding was not taken in");
-                }
-            }
-        });
+    if let Some(findings) = job_findings {
+        tokio::spawn(forward_job_findings(findings, engine.clone()));
     }
     if let Some(queue) = &queue {
         queue.start();
@@ -266,4 +246,35 @@ pub async fn start_given(
     });
     tracing::info!(listen = %local_addr, mode = config.policy.mode.as_str(), store = %config.store.display(), "repairer started");
     Ok(Repairer { engine, scheduler, local_addr, tracer, queue, server, spares })
+}
+
+/// Hands the queue's findings (stragglers, repeated hangs) to the engine's ingest, as an alert's.
+async fn forward_job_findings(
+    mut findings: tokio::sync::mpsc::UnboundedReceiver<JobFinding>,
+    engine: Arc<Engine>,
+) {
+    while let Some(JobFinding { node, finding, firing }) = findings.recv().await {
+        if let Err(err) = engine.ingest_external(&node, FindingSource::Job, &finding, firing) {
+            tracing::warn!(%node, error = %err, "a job finding was not taken in");
+        }
+    }
+}
+
+/// This host's name, for URLs other hosts reach it at (`localhost` when it cannot be read).
+fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|name| name.into_string().ok())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+/// Makes the folder the store lives in; a failure is only logged (opening the store then says
+/// what is wrong with the path).
+fn make_store_folder(store: &std::path::Path) {
+    if let Some(parent) = store.parent()
+        && !parent.as_os_str().is_empty()
+        && let Err(err) = std::fs::create_dir_all(parent)
+    {
+        tracing::warn!(path = %parent.display(), error = %err, "creating the store's folder failed");
+    }
 }
