@@ -115,8 +115,8 @@ struct QueueState {
     mtbf: BTreeMap<u32, (u64, f64)>,
     /// Queued jobs whose wait for nodes was alerted: job → the start of the wait alerted.
     wait_alerted: BTreeMap<String, u64>,
-    /// Straggler findings raised and not yet cleared: (job, rank) → the rank's node.
-    stragglers: BTreeMap<(String, u32), String>,
+    /// Straggler findings raised and not yet cleared: (job, rank) → the rank's node and when.
+    stragglers: BTreeMap<(String, u32), (String, u64)>,
     /// When each node was named in a hang, within `hang_window` (not stored: a restarted
     /// repairer counts afresh).
     hang_named: BTreeMap<String, Vec<u64>>,

@@ -29,6 +29,9 @@ const PLACEMENT_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
 /// back with the agents' reports).
 const DIRTY_SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// How long a straggler finding stays after its job stopped (see `flag_stragglers`).
+const STRAGGLER_HOLD: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Attempts whose node lists a job's history keeps (the newest).
 const ATTEMPTS_WITH_NODES: usize = 16;
 
@@ -72,7 +75,7 @@ impl JobQueue {
             };
             self.stop_hung(&mut state, now);
             self.stop_bad_loss(&mut state, now);
-            self.flag_stragglers(&mut state);
+            self.flag_stragglers(&mut state, now);
             let alert_due = self.wait_alert_due(&state, now);
             let quiet = !fleet_changed
                 && !alert_due
@@ -369,7 +372,7 @@ impl JobQueue {
     /// others ([`health::stragglers`]) and clears those that no longer are (or whose job is no
     /// longer running). Drain is advised while a spare or a free node can take its place;
     /// otherwise it is a warning.
-    fn flag_stragglers(&self, state: &mut QueueState) {
+    fn flag_stragglers(&self, state: &mut QueueState, now: u64) {
         let rule = StragglerRule {
             ratio: self.config.straggler_ratio,
             window: self.config.straggler_window as usize,
@@ -389,10 +392,27 @@ impl JobQueue {
         }
         let replaceable = state.drained.values().any(|d| is_spare(&d.reason))
             || self.fleet.healthy() > state.assigned.len() as u64;
-        let gone: Vec<(String, u32)> =
-            state.stragglers.keys().filter(|k| !found.contains_key(*k)).cloned().collect();
+        // A rank measured again and no longer slower clears at once. One whose job stopped (the
+        // drain the finding asked for) is held for STRAGGLER_HOLD: cleared at once, the drained
+        // node would be undrained before the restart and get the rank back instead of the spare.
+        let hold = STRAGGLER_HOLD.as_millis() as u64;
+        let gone: Vec<(String, u32)> = state
+            .stragglers
+            .iter()
+            .filter(|(k, (_, raised))| {
+                let judged = state.jobs.get(&k.0).is_some_and(|j| {
+                    j.state == JobState::Running
+                        && j.ranks.get(k.1 as usize).is_some_and(|r| {
+                            r.step_samples.len() >= rule.window
+                                && state.stragglers.get(*k).is_some_and(|(n, _)| *n == r.node)
+                        })
+                });
+                !found.contains_key(*k) && (judged || now.saturating_sub(*raised) >= hold)
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
         for key in gone {
-            if let Some(node) = state.stragglers.remove(&key) {
+            if let Some((node, _)) = state.stragglers.remove(&key) {
                 let finding = straggler_finding(&key.0, key.1, None, replaceable);
                 self.send_finding(JobFinding { node, finding, firing: false });
             }
@@ -412,7 +432,7 @@ impl JobQueue {
                 );
             }
             self.send_finding(JobFinding { node: node.clone(), finding, firing: true });
-            state.stragglers.insert(key, node);
+            state.stragglers.insert(key, (node, now));
         }
     }
 

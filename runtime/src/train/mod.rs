@@ -632,10 +632,10 @@ fn train(
             let loss = model
                 .loss_and_grads(&inputs, &targets, args.batch_size, &mut buffer)
                 .map_err(|source| TrainError::Compute { rank, step, source })?;
-            if signals.poison.swap(false, Ordering::SeqCst)
-                && let Some(first) = buffer.first_mut()
-            {
-                *first = f32::NAN;
+            // Every gradient: a NaN in a parameter no batch uses (a byte's embedding row) would
+            // never reach the loss.
+            if signals.poison.swap(false, Ordering::SeqCst) {
+                buffer.iter_mut().for_each(|g| *g = f32::NAN);
                 emit(&json!({ "event": "poisoned", "rank": rank, "step": step }));
             }
             let periodic = rank == 0
