@@ -12,7 +12,7 @@ use fleetmend_local::faults::Fault;
 use fleetmend_repairer::engine::EngineConfig;
 use fleetmend_repairer::policy::Policy;
 use fleetmend_repairer::queue::QueueConfig;
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::catalog::{CatalogError, FaultCatalog};
 use crate::failures::{CorrelatedFailures, FailureConfig, InterFailure, Lemons};
@@ -177,8 +177,10 @@ pub struct ScriptedFault {
     pub fault: Option<String>,
 }
 
-/// The repairer's own settings, as in its config file.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// The repairer's own settings, as in its config file. A `[repairer.*]` table the settings give
+/// is laid over these defaults key by key (`from_table`), so setting `repairer.queue.tick` keeps
+/// the simulator's `hang_floor`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RepairerSettings {
     pub policy: Policy,
@@ -242,10 +244,12 @@ impl SimConfig {
 
     /// The settings of `document` with `overrides` set.
     pub fn from_table(
-        mut document: toml::Table,
+        document: toml::Table,
         overrides: &[(String, String)],
         origin: &str,
     ) -> Result<SimConfig, SimConfigError> {
+        let mut document = with_repairer_defaults(document)
+            .map_err(|message| SimConfigError::Parse { origin: origin.to_owned(), message })?;
         for (key, value) in overrides {
             set_path(&mut document, key, value)
                 .map_err(|message| SimConfigError::Parse { origin: origin.to_owned(), message })?;
@@ -397,6 +401,28 @@ impl SimConfig {
             problems.push("repairer.engine.unreachable_after", "must be at least 1");
         }
         problems
+    }
+}
+
+/// `document` laid over the simulator's repairer defaults: a key it gives replaces the default's,
+/// a table it gives is laid over the default's table.
+fn with_repairer_defaults(document: toml::Table) -> Result<toml::Table, String> {
+    let defaults = toml::Table::try_from(RepairerSettings::default())
+        .map_err(|err| format!("the repairer's default settings: {err}"))?;
+    let mut base = toml::Table::new();
+    base.insert("repairer".to_owned(), toml::Value::Table(defaults));
+    lay_over(&mut base, document);
+    Ok(base)
+}
+
+fn lay_over(base: &mut toml::Table, over: toml::Table) {
+    for (key, value) in over {
+        match (base.get_mut(&key), value) {
+            (Some(toml::Value::Table(below)), toml::Value::Table(above)) => lay_over(below, above),
+            (_, value) => {
+                base.insert(key, value);
+            }
+        }
     }
 }
 

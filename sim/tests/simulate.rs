@@ -89,6 +89,24 @@ fn the_simulated_ettr_follows_the_closed_form_model() {
     }
 }
 
+/// Setting one key of a repairer table lays it over the simulator's defaults: the queue keeps hang
+/// detection off and the engine keeps waiting days for a replacement.
+#[test]
+fn setting_one_repairer_key_keeps_the_simulators_other_repairer_defaults() {
+    let defaults = config(&[]);
+    let set = config(&[("repairer.queue.tick", "10s"), ("repairer.engine.tick", "10s")]);
+    assert_eq!(set.repairer.queue.tick, std::time::Duration::from_secs(10));
+    assert_eq!(set.repairer.queue.hang_floor, std::time::Duration::ZERO);
+    assert_eq!(set.repairer.queue.hang_floor, defaults.repairer.queue.hang_floor);
+    assert_eq!(
+        set.repairer.engine.workflow.replace_timeout,
+        defaults.repairer.engine.workflow.replace_timeout
+    );
+    assert!(set.repairer.engine.workflow.replace_timeout > std::time::Duration::from_secs(86_400));
+    let on = config(&[("repairer.queue.hang_floor", "5m")]);
+    assert_eq!(on.repairer.queue.hang_floor, std::time::Duration::from_secs(300));
+}
+
 #[test]
 fn the_same_seed_gives_byte_identical_json_and_another_seed_another_run() {
     let run = |seed: &str| {

@@ -118,6 +118,9 @@ pub struct MountConfig {
     pub warn_free_ratio: f64,
     /// Fail (`disk_inodes_full`, drain) when free inodes over all inodes fall below this.
     pub min_free_inodes_ratio: f64,
+    /// Write, fsync, read back and delete a probe file (off: statvfs and the mount table only,
+    /// for a mount where a write is unwelcome or whose fsync stalls are not the node's).
+    pub probe: bool,
 }
 
 impl Default for MountConfig {
@@ -127,6 +130,7 @@ impl Default for MountConfig {
             min_free_ratio: 0.05,
             warn_free_ratio: 0.10,
             min_free_inodes_ratio: 0.05,
+            probe: true,
         }
     }
 }
@@ -475,7 +479,8 @@ impl Check for DiskCheck {
             let mut start_error = None;
             if !still_stuck {
                 mount.in_flight = None;
-                let skip_write = entry.as_ref().is_some_and(|entry| entry.readonly);
+                let skip_write =
+                    !mount.config.probe || entry.as_ref().is_some_and(|entry| entry.readonly);
                 start_error = self.start_probe(index, ctx.paths, skip_write).err();
             }
             covering.push(entry);

@@ -24,6 +24,9 @@ use super::{Job, JobState};
 /// the job's document stays small.
 pub const STEP_SAMPLES: usize = 32;
 
+/// A job is hung no sooner than this many of its median gaps between posts that brought a step.
+const POST_GAPS: f64 = 3.0;
+
 /// What the queue keeps of a job's progress to judge its health (the current attempt).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct JobHealth {
@@ -34,6 +37,10 @@ pub struct JobHealth {
     /// Wall seconds per step between the advances of the current attempt, newest last.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub step_seconds: Vec<f64>,
+    /// Wall seconds between the advances themselves (how often the job's posts bring a step),
+    /// newest last: a job that posts every 30 minutes cannot be judged in 20 s.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub advance_gaps: Vec<f64>,
     /// Hangs declared over the job's life.
     #[serde(default)]
     pub hangs: u32,
@@ -50,6 +57,7 @@ impl JobHealth {
     pub fn new_attempt(&mut self) {
         self.advanced = None;
         self.step_seconds.clear();
+        self.advance_gaps.clear();
         self.loss_not_finite = None;
     }
 
@@ -61,11 +69,13 @@ impl JobHealth {
         match self.advanced {
             None if step > start_step => self.advanced = Some((step, now)),
             Some((last, at)) if step > last => {
-                let seconds = now.saturating_sub(at) as f64 / 1000.0 / (step - last) as f64;
+                let gap = now.saturating_sub(at) as f64 / 1000.0;
                 if self.step_seconds.len() >= STEP_SAMPLES {
                     self.step_seconds.remove(0);
+                    self.advance_gaps.remove(0);
                 }
-                self.step_seconds.push(seconds);
+                self.step_seconds.push(gap / (step - last) as f64);
+                self.advance_gaps.push(gap);
                 self.advanced = Some((step, now));
             }
             _ => {}
@@ -142,7 +152,11 @@ pub fn hang(job: &Job, rule: &HangRule, now: u64) -> Option<Hang> {
         .median_step_seconds()
         .map(|median| (median * rule.factor.max(0.0) * 1000.0).ceil() as u64)
         .unwrap_or(0);
-    let limit_ms = floor_ms.max(by_steps);
+    // Never sooner than a few of the job's own gaps between posts that brought a step.
+    let by_posts = median(job.health.advance_gaps.iter().copied())
+        .map(|gap| (gap * POST_GAPS * 1000.0).ceil() as u64)
+        .unwrap_or(0);
+    let limit_ms = floor_ms.max(by_steps).max(by_posts);
     let stalled_ms = now.saturating_sub(at);
     if stalled_ms < limit_ms {
         return None;
@@ -374,6 +388,20 @@ mod tests {
         assert_eq!(hang(&job, &RULE, 15_000 + 49_999), None);
         let hang = hang(&job, &RULE, 15_000 + 50_000).expect("hung");
         assert_eq!(hang.limit_ms, 50_000);
+    }
+
+    #[test]
+    fn a_job_that_posts_rarely_is_judged_at_its_own_pace() {
+        let mut job = job(0);
+        job.health = JobHealth::default();
+        // A step a second, posted every 30 minutes (the simulator's job does so).
+        let half_hour = 1_800_000;
+        for post in 1..=3u64 {
+            job.health.observe(post * 1800, 0, 2.0, post * half_hour);
+        }
+        let last = 3 * half_hour;
+        assert_eq!(hang(&job, &RULE, last + 2 * half_hour), None, "two gaps: not yet");
+        assert!(hang(&job, &RULE, last + 3 * half_hour).is_some(), "three gaps without a step");
     }
 
     #[test]
