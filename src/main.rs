@@ -107,6 +107,9 @@ enum Verb {
     Simulate(fleetmend_sim::cli::SimulateArgs),
     /// Train the bundled model (one rank; ranks meet through RANK, WORLD_SIZE, MASTER_ADDR/PORT).
     Train(fleetmend_runtime::train::TrainArgs),
+    /// One rank of the allreduce probe (the agent runs it for the repairer): measures the bundled
+    /// all-reduce's bus bandwidth with the ranks met through RANK, WORLD_SIZE, MASTER_ADDR/PORT.
+    Allreduce(fleetmend_runtime::probe::AllreduceArgs),
     /// Show the breaker, or close it.
     Breaker {
         #[command(flatten)]
@@ -294,6 +297,7 @@ fn main() -> ExitCode {
         Verb::Agent(args) => agent(args),
         Verb::Repairer(args) => repairer(args),
         Verb::Train(args) => fleetmend_runtime::train::main(args),
+        Verb::Allreduce(args) => fleetmend_runtime::probe::main(args),
         Verb::Up(args) => fleetmend_local::up::main(args),
         Verb::Inject(args) => fleetmend_local::faults::inject_main(args),
         Verb::Simulate(args) => fleetmend_sim::cli::run(args),
@@ -423,6 +427,7 @@ fn client(verb: Verb) -> ExitCode {
         Verb::Agent(_)
         | Verb::Repairer(_)
         | Verb::Train(_)
+        | Verb::Allreduce(_)
         | Verb::Up(_)
         | Verb::Inject(_)
         | Verb::Simulate(_) => {
@@ -474,6 +479,7 @@ fn client(verb: Verb) -> ExitCode {
             Verb::Agent(_)
             | Verb::Repairer(_)
             | Verb::Train(_)
+            | Verb::Allreduce(_)
             | Verb::Up(_)
             | Verb::Inject(_)
             | Verb::Simulate(_) => {

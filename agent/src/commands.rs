@@ -23,6 +23,7 @@ use fleetmend_proto::{
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 
+use crate::allreduce::AllreduceRunner;
 use crate::checks::Observation;
 use crate::config::{CommandsConfig, HostPaths, ProbeConfig};
 use crate::evidence::Evidence;
@@ -172,6 +173,7 @@ pub struct Commands {
     /// Runs `run-rank` and `signal-rank`; none: they are refused.
     ranks: Option<Arc<RankSupervisor>>,
     evidence: Arc<Evidence>,
+    allreduce: Arc<AllreduceRunner>,
 }
 
 impl Commands {
@@ -196,6 +198,7 @@ impl Commands {
     ) -> (Arc<Commands>, CommandExecutor) {
         let (queue, receiver) = mpsc::channel(QUEUE_CAPACITY);
         let outbox = Arc::new(CommandOutbox::default());
+        let allreduce = Arc::new(AllreduceRunner::new(config.allreduce.clone()));
         let evidence = Arc::new(Evidence::new(
             config.evidence.clone(),
             Arc::clone(&paths),
@@ -210,7 +213,7 @@ impl Commands {
             queue: receiver,
         };
         let seen = Mutex::new(RecentIds::default());
-        let commands = Commands { queue, seen, outbox, ranks, evidence };
+        let commands = Commands { queue, seen, outbox, ranks, evidence, allreduce };
         (Arc::new(commands), executor)
     }
 
@@ -243,6 +246,10 @@ impl Commands {
         }
         if command.kind == command_kind::EVIDENCE {
             self.gather_evidence(command);
+            return;
+        }
+        if command.kind == command_kind::ALLREDUCE {
+            self.allreduce.start(command, Arc::clone(&self.outbox));
             return;
         }
         if !is_supported(&command.kind) {
@@ -371,18 +378,23 @@ fn unsupported(command: &NodeCommand) -> CommandResult {
         command,
         false,
         format!(
-            "unsupported command kind {:?} (this agent runs {:?}, {:?}, {:?}, {:?} and {:?})",
+            "unsupported command kind {:?} (this agent runs {:?}, {:?}, {:?}, {:?}, {:?} and {:?})",
             command.kind,
             command_kind::DEEP_CHECK,
             command_kind::REBOOT,
             command_kind::RUN_RANK,
             command_kind::SIGNAL_RANK,
             command_kind::EVIDENCE,
+            command_kind::ALLREDUCE,
         ),
     )
 }
 
-fn result_of(command: &NodeCommand, ok: bool, message: impl Into<String>) -> CommandResult {
+pub(crate) fn result_of(
+    command: &NodeCommand,
+    ok: bool,
+    message: impl Into<String>,
+) -> CommandResult {
     CommandResult {
         id: command.id.clone(),
         kind: command.kind.clone(),
@@ -391,6 +403,7 @@ fn result_of(command: &NodeCommand, ok: bool, message: impl Into<String>) -> Com
         verdict: None,
         findings: Vec::new(),
         evidence: None,
+        allreduce: None,
         finished_at_ms: unix_millis(SystemTime::now()),
     }
 }
@@ -710,7 +723,7 @@ fn output_tail(stdout: &fleetmend_process::Tail, stderr: &fleetmend_process::Tai
 }
 
 /// A duration for a message: whole seconds above ten seconds, milliseconds below.
-fn short_duration(duration: Duration) -> String {
+pub(crate) fn short_duration(duration: Duration) -> String {
     let rounded = if duration >= Duration::from_secs(10) {
         Duration::from_secs(duration.as_secs())
     } else {

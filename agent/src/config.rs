@@ -170,6 +170,11 @@ pub struct CommandsConfig {
     pub deep_check_probes: Vec<ProbeConfig>,
     /// What an `evidence` command gathers before a disruptive repair (`[commands.evidence]`).
     pub evidence: EvidenceConfig,
+    /// What an `allreduce` command runs: a program and its arguments, to which the agent adds
+    /// `--bytes`, `--iterations` and `--timeout` and the ring's `RANK`, `WORLD_SIZE`,
+    /// `MASTER_ADDR` and `MASTER_PORT`; it prints its measurement as one JSON line. Empty (the
+    /// default): this agent's own binary, `fleetmend allreduce`.
+    pub allreduce: Vec<String>,
 }
 
 impl Default for CommandsConfig {
@@ -181,6 +186,7 @@ impl Default for CommandsConfig {
             deep_check_timeout: Duration::from_secs(600),
             deep_check_probes: Vec::new(),
             evidence: EvidenceConfig::default(),
+            allreduce: Vec::new(),
         }
     }
 }
@@ -217,6 +223,12 @@ impl CommandsConfig {
             }
         }
         self.evidence.validate(&format!("{section}.evidence"), problems);
+        if self.allreduce.first().is_some_and(String::is_empty) {
+            problems.push(
+                format!("{section}.allreduce"),
+                "the program (first element) is empty; use an empty list for this agent's own binary",
+            );
+        }
         let mut names = std::collections::BTreeSet::new();
         for (i, probe) in self.deep_check_probes.iter().enumerate() {
             let at = format!("{section}.deep_check_probes[{i}]");

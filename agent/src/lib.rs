@@ -1,6 +1,7 @@
 //! The fleetmend node agent: runs GPU, NIC, disk, kernel-log and host checks, exports them as
 //! Prometheus metrics and reports findings to the repairer.
 
+pub mod allreduce;
 pub mod checks;
 pub mod commands;
 pub mod config;

@@ -505,3 +505,53 @@ async fn evidence_turned_off_answers_at_once_without_a_bundle() {
     assert!(!result.ok && result.evidence.is_none(), "{result:?}");
     assert!(result.message.contains("commands.evidence.enabled"), "{}", result.message);
 }
+
+fn allreduce_command(id: &str, rank: u32) -> NodeCommand {
+    let probe = fleetmend_proto::probes::AllreduceProbe {
+        probe: "allreduce-1".to_owned(),
+        master_addr: "10.0.0.7".to_owned(),
+        master_port: 29_400,
+        rank,
+        world_size: 2,
+        nodes: vec!["peer".to_owned(), "cmd-allreduce".to_owned()],
+        bytes: 4096,
+        iterations: 2,
+        timeout_ms: 5000,
+    };
+    fleetmend_proto::jobs::command_with_args(id.to_owned(), command_kind::ALLREDUCE, &probe)
+}
+
+/// The probe's program gets the ring's environment and its sizes as flags, and its JSON line
+/// comes back as the measurement; one that prints none, or a bad command, fails with the reason.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_allreduce_command_runs_the_probe_with_the_rings_environment() {
+    let script = "[ \"$RANK $WORLD_SIZE $MASTER_ADDR $MASTER_PORT $FLEETMEND_JOB_ID $*\" = \
+                  '1 2 10.0.0.7 29400 allreduce-1 --bytes=4096 --iterations=2 --timeout=5000ms' ] \
+                  || { echo \"wrong: $RANK $MASTER_ADDR $*\" >&2; exit 3; }; \
+                  echo '{\"bytes\":4096,\"world_size\":2,\"seconds\":0.5,\"busbw_gbps\":1.25}'";
+    let mut argv = sh(script);
+    argv.push("probe".to_owned());
+    let commands = CommandsConfig { allreduce: argv, ..CommandsConfig::default() };
+    let agent = Agent::start("cmd-allreduce", commands);
+    agent.commands.submit(allreduce_command("ar-1", 1));
+    let result = agent.result("ar-1").await;
+    assert!(result.ok, "{result:#?}");
+    assert_eq!(result.kind, command_kind::ALLREDUCE);
+    let measured = result.allreduce.expect("a measurement");
+    assert_eq!((measured.bytes, measured.busbw_gbps), (4096, 1.25));
+    assert!(result.message.contains("1.250 GB/s"), "{}", result.message);
+
+    let commands = CommandsConfig {
+        allreduce: sh("echo 'rank 1 could not reach rank 0' >&2; exit 1"),
+        ..CommandsConfig::default()
+    };
+    let agent = Agent::start("cmd-allreduce-fails", commands);
+    agent.commands.submit(allreduce_command("ar-2", 1));
+    let result = agent.result("ar-2").await;
+    assert!(!result.ok && result.allreduce.is_none(), "{result:#?}");
+    assert!(result.message.contains("could not reach rank 0"), "{}", result.message);
+
+    agent.submit("ar-3", command_kind::ALLREDUCE);
+    let result = agent.result("ar-3").await;
+    assert!(!result.ok && result.message.starts_with("refused: "), "{}", result.message);
+}

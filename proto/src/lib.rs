@@ -10,6 +10,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 pub mod jobs;
+pub mod probes;
 
 pub use jobs::{
     Progress, ProgressReply, RankKey, RankSignal, RankState, RankStatus, RunRank, SignalRank,
@@ -311,6 +312,9 @@ pub mod command_kind {
     /// Gather an evidence bundle ([`crate::EvidenceBundle`]) before a disruptive repair; the
     /// `budget_ms` argument bounds how long the agent may take.
     pub const EVIDENCE: &str = "evidence";
+    /// Run one rank of the bundled all-reduce with other nodes and measure its bus bandwidth
+    /// ([`crate::probes::AllreduceProbe`]).
+    pub const ALLREDUCE: &str = "allreduce";
 }
 
 /// What a node looked like before a disruptive repair: kept by the repairer with the workflow,
@@ -382,6 +386,9 @@ pub struct CommandResult {
     /// For an `evidence` command: the bundle.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub evidence: Option<EvidenceBundle>,
+    /// For an `allreduce` command that ran: what it measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allreduce: Option<probes::AllreduceMeasurement>,
     pub finished_at_ms: u64,
 }
 
@@ -397,6 +404,7 @@ impl CommandResult {
             verdict: None,
             findings: Vec::new(),
             evidence: Some(bundle),
+            allreduce: None,
             finished_at_ms,
         }
     }

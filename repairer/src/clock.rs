@@ -293,7 +293,7 @@ mod tests {
             "unix_now_ms",
         ];
         let mut files = Vec::new();
-        for dir in ["engine", "workflow", "queue", "alerts"] {
+        for dir in ["engine", "workflow", "queue", "alerts", "allreduce"] {
             let Ok(entries) = std::fs::read_dir(root.join(dir)) else { continue };
             files.extend(entries.filter_map(|e| e.ok()).map(|e| e.path()));
         }

@@ -56,12 +56,14 @@ impl CommandQueue {
         self.state().pending.remove(node).map(Vec::from).unwrap_or_default()
     }
 
-    /// Keeps the results that arrived in a report of the kinds a workflow waits for (deep checks,
-    /// evidence); the queue reads its rank commands' results from the report itself.
+    /// Keeps the results that arrived in a report of the kinds a workflow or the allreduce probe
+    /// waits for (deep checks, evidence, allreduce); the queue reads its rank commands' results from the report itself.
     pub fn record_results(&self, results: &[CommandResult]) {
         let mut state = self.state();
         let awaited = |r: &&CommandResult| {
-            r.kind == command_kind::DEEP_CHECK || r.kind == command_kind::EVIDENCE
+            r.kind == command_kind::DEEP_CHECK
+                || r.kind == command_kind::EVIDENCE
+                || r.kind == command_kind::ALLREDUCE
         };
         for result in results.iter().filter(awaited) {
             state.results.insert(result.id.clone(), result.clone());
@@ -111,6 +113,7 @@ mod tests {
             verdict: None,
             findings: Vec::new(),
             evidence: None,
+            allreduce: None,
             finished_at_ms: i as u64,
         };
         let mut results: Vec<CommandResult> = (0..MAX_RESULTS + 5).map(result).collect();

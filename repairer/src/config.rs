@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::alerts::AlertsConfig;
+use crate::allreduce::AllreduceConfig;
 use crate::engine::EngineConfig;
 use crate::inbound::InboundConfig;
 use crate::policy::Policy;
@@ -47,6 +48,8 @@ pub struct RepairerConfig {
     pub alerts: AlertsConfig,
     pub inbound: InboundConfig,
     pub telemetry: TelemetryConfig,
+    /// The allreduce probe of nodes against the fleet (`[allreduce]`).
+    pub allreduce: AllreduceConfig,
 }
 
 /// The scheduler backend.
@@ -83,6 +86,7 @@ impl Default for RepairerConfig {
             alerts: AlertsConfig::default(),
             inbound: InboundConfig::default(),
             telemetry: TelemetryConfig::default(),
+            allreduce: AllreduceConfig::default(),
         }
     }
 }
@@ -161,6 +165,7 @@ impl RepairerConfig {
             push("engine.tick", "must be greater than zero");
         }
         problems.extend(self.queue.problems("queue"));
+        problems.extend(self.allreduce.problems("allreduce"));
         problems.extend(self.slurm.problems("slurm"));
         problems.extend(self.policy.problems("policy"));
         problems.extend(

@@ -2,6 +2,7 @@
 //! behind guard rails that keep a bad day from getting worse.
 
 pub mod alerts;
+pub mod allreduce;
 pub mod api;
 pub mod breaker;
 pub mod client;

@@ -8,7 +8,7 @@
 
 use prometheus::core::Collector;
 use prometheus::proto::MetricFamily;
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
 
 use crate::model::RuleAction;
 
@@ -35,6 +35,10 @@ pub const JOB_SAMPLES_PER_SECOND: &str = "fleetmend_job_samples_per_second";
 pub const JOB_CHECKPOINT_STEP: &str = "fleetmend_job_checkpoint_step";
 pub const JOB_CHECKPOINT_WRITE_SECONDS: &str = "fleetmend_job_checkpoint_write_seconds";
 pub const JOB_CHECKPOINT_STALL_SECONDS: &str = "fleetmend_job_checkpoint_stall_seconds";
+pub const ALLREDUCE_PROBES: &str = "fleetmend_allreduce_probes_total";
+pub const ALLREDUCE_MEDIAN: &str = "fleetmend_allreduce_fleet_busbw_gbps";
+/// The `result` label of [`ALLREDUCE_PROBES`]; all exported from the start, at 0.
+pub const ALLREDUCE_RESULTS: &[&str] = &["pass", "unjudged", "low", "failed"];
 
 /// Seconds from a fault to its drain: sub-second is the goal.
 pub const DRAIN_BUCKETS: &[f64] = &[0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0];
@@ -69,6 +73,8 @@ struct Collectors {
     store_errors: IntCounterVec,
     time_to_drain: Histogram,
     time_to_repair: Histogram,
+    allreduce_probes: IntCounterVec,
+    allreduce_median: Gauge,
     /// Reports the engine took in. Not registered: `/metrics` shows the API's
     /// [`REPORTS_RECEIVED`] by outcome, whose `ok` counts the same reports.
     reports_ok: IntCounter,
@@ -106,6 +112,23 @@ impl Collectors {
         )?;
         let reports_ok =
             IntCounter::new("fleetmend_engine_reports_ok_total", "Reports the engine took in.")?;
+        let allreduce_probes = IntCounterVec::new(
+            Opts::new(
+                ALLREDUCE_PROBES,
+                "Allreduce probes of node pairs by result (pass, unjudged: too few measurements \
+                 yet, low: below the fraction of the fleet's median, failed).",
+            ),
+            &["result"],
+        )?;
+        for result in ALLREDUCE_RESULTS {
+            allreduce_probes.get_metric_with_label_values(&[*result])?;
+        }
+        let allreduce_median = Gauge::new(
+            ALLREDUCE_MEDIAN,
+            "Median all-reduce bus bandwidth (GB/s) of the fleet's recent passing probes.",
+        )?;
+        registry.register(Box::new(allreduce_probes.clone()))?;
+        registry.register(Box::new(allreduce_median.clone()))?;
         registry.register(Box::new(decisions.clone()))?;
         registry.register(Box::new(repairs.clone()))?;
         registry.register(Box::new(store_errors.clone()))?;
@@ -117,6 +140,8 @@ impl Collectors {
             store_errors,
             time_to_drain,
             time_to_repair,
+            allreduce_probes,
+            allreduce_median,
             reports_ok,
         })
     }
@@ -180,6 +205,17 @@ impl RepairerMetrics {
     pub fn time_to_repair(&self, seconds: f64) {
         if let Some(c) = &self.collectors {
             c.time_to_repair.observe(seconds);
+        }
+    }
+
+    /// An allreduce probe's `result` (one of [`ALLREDUCE_RESULTS`]) and the fleet's median after it.
+    pub fn allreduce_probe(&self, result: &'static str, median_gbps: Option<f64>) {
+        debug_assert!(ALLREDUCE_RESULTS.contains(&result), "{result} is not listed");
+        if let Some(c) = &self.collectors {
+            inc(&c.allreduce_probes, &[result]);
+            if let Some(median) = median_gbps {
+                c.allreduce_median.set(median);
+            }
         }
     }
 
@@ -338,11 +374,17 @@ mod tests {
             (NODES, "gauge"),
             (BREAKER_OPEN, "gauge"),
             (REPORTS_RECEIVED, "counter"),
+            (ALLREDUCE_PROBES, "counter"),
+            (ALLREDUCE_MEDIAN, "gauge"),
         ] {
             assert!(text.contains(&format!("# TYPE {name} {kind}\n")), "{name} in:\n{text}");
         }
+        for result in ALLREDUCE_RESULTS {
+            let series = format!("{ALLREDUCE_PROBES}{{result=\"{result}\"}}");
+            assert!(sample(&text, &series).is_some(), "{series} in:\n{text}");
+        }
         // Each family once: the registry's and the scrape-time ones never overlap.
-        assert_eq!(text.matches("# TYPE ").count(), 8, "{text}");
+        assert_eq!(text.matches("# TYPE ").count(), 10, "{text}");
         // Reports the engine took in are counted by the API's outcome series, not twice.
         assert!(!text.contains("fleetmend_engine_reports_ok_total"), "{text}");
 

@@ -161,6 +161,8 @@ pub enum FindingSource {
     Repairer,
     /// The embedded queue, from a job's progress (a straggler rank).
     Job,
+    /// The repairer's own probes of nodes against the fleet (the allreduce bandwidth).
+    Probe,
 }
 
 /// A non-ok finding the repairer is tracking on a node, with how long and how often it was seen.

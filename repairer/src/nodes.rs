@@ -61,6 +61,10 @@ pub struct NodeRecord {
     /// name) and metrics port; none until an agent that tells its port reports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics_target: Option<String>,
+    /// The address other nodes reach it at, as its agent reports it (the allreduce probe's
+    /// rendezvous); none until an agent that tells it reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
 }
 
 /// How many repairs a node's history keeps.
@@ -87,6 +91,7 @@ impl NodeRecord {
             replaced_by: None,
             drained_by_person: false,
             metrics_target: None,
+            address: None,
         }
     }
 

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use crate::alerts::Alerts;
+use crate::allreduce::{Prober, ProberPorts};
 use crate::api::{self, ApiState};
 use crate::clock::{SharedClock, SystemClock};
 use crate::commands::CommandQueue;
@@ -191,11 +192,25 @@ pub async fn start_given(
         )?,
     };
     let tracer = WorkflowTracer::from_config(&config.telemetry)?.map(Arc::new);
+    let (probe_sender, probe_findings) = tokio::sync::mpsc::unbounded_channel();
+    let prober = config.allreduce.enabled().then(|| {
+        let ports = ProberPorts {
+            clock: clock.clone(),
+            nodes: nodes.clone(),
+            commands: commands.clone(),
+            scheduler: scheduler.clone(),
+            findings: Some(probe_sender),
+            unreachable_window,
+            instance: clock.now_ms(),
+            metrics: metrics.clone(),
+        };
+        Prober::new(config.allreduce.clone(), ports)
+    });
     let engine = Engine::new(EngineParts {
         clock: clock.clone(),
         events: events.clone(),
         nodes,
-        metrics,
+        metrics: metrics.clone(),
         policy: config.policy.clone(),
         config: config.engine.clone(),
         scheduler: scheduler.clone(),
@@ -203,26 +218,14 @@ pub async fn start_given(
         commands,
         observer: queue.clone().map(|q| q as Arc<dyn ReportObserver>),
         tracer: tracer.clone(),
+        prober: prober.clone(),
     })?;
-    let alerts = if config.alerts.sinks.is_empty() {
-        None
-    } else {
-        let alerts =
-            Arc::new(Alerts::with_clock(config.alerts.clone(), store.clone(), clock.clone())?);
-        tokio::spawn(alerts.clone().run());
-        let (wake, notify) = (alerts.clone(), events.appended());
-        tokio::spawn(async move {
-            loop {
-                notify.notified().await;
-                wake.wake();
-            }
-        });
-        Some(alerts)
-    };
+    let alerts = start_alerts(&config.alerts, &store, &clock, &events)?;
     engine.start()?;
     if let Some(findings) = job_findings {
-        tokio::spawn(forward_job_findings(findings, engine.clone()));
+        tokio::spawn(forward_findings(findings, engine.clone(), FindingSource::Job));
     }
+    start_prober(prober, probe_findings, &engine);
     if let Some(queue) = &queue {
         queue.start();
     }
@@ -248,14 +251,50 @@ pub async fn start_given(
     Ok(Repairer { engine, scheduler, local_addr, tracer, queue, server, spares })
 }
 
-/// Hands the queue's findings (stragglers, repeated hangs) to the engine's ingest, as an alert's.
-async fn forward_job_findings(
+/// Starts the alerts' delivery, where sinks are configured, woken by every event appended.
+fn start_alerts(
+    config: &crate::alerts::AlertsConfig,
+    store: &Arc<Store>,
+    clock: &SharedClock,
+    events: &Arc<EventLog>,
+) -> Result<Option<Arc<Alerts>>, ServiceError> {
+    if config.sinks.is_empty() {
+        return Ok(None);
+    }
+    let alerts = Arc::new(Alerts::with_clock(config.clone(), store.clone(), clock.clone())?);
+    tokio::spawn(alerts.clone().run());
+    let (wake, notify) = (alerts.clone(), events.appended());
+    tokio::spawn(async move {
+        loop {
+            notify.notified().await;
+            wake.wake();
+        }
+    });
+    Ok(Some(alerts))
+}
+
+/// Starts the allreduce probe, where it is enabled, with its findings going to `engine`.
+fn start_prober(
+    prober: Option<Arc<Prober>>,
+    findings: tokio::sync::mpsc::UnboundedReceiver<JobFinding>,
+    engine: &Arc<Engine>,
+) {
+    if let Some(prober) = prober {
+        tokio::spawn(forward_findings(findings, engine.clone(), FindingSource::Probe));
+        prober.start();
+    }
+}
+
+/// Hands the queue's findings (stragglers, repeated hangs) or the allreduce probe's (slow nodes)
+/// to the engine's ingest, as an alert's, from `source`.
+async fn forward_findings(
     mut findings: tokio::sync::mpsc::UnboundedReceiver<JobFinding>,
     engine: Arc<Engine>,
+    source: FindingSource,
 ) {
     while let Some(JobFinding { node, finding, firing }) = findings.recv().await {
-        if let Err(err) = engine.ingest_external(&node, FindingSource::Job, &finding, firing) {
-            tracing::warn!(%node, error = %err, "a job finding was not taken in");
+        if let Err(err) = engine.ingest_external(&node, source, &finding, firing) {
+            tracing::warn!(%node, ?source, error = %err, "a finding was not taken in");
         }
     }
 }

@@ -227,6 +227,7 @@ impl Harness {
             verdict: Some(Verdict::Healthy),
             findings: Vec::new(),
             evidence: None,
+            allreduce: None,
             finished_at_ms: now_ms(),
         };
         self.report(seq + 1, "boot-2", Vec::new(), vec![passed]).await;

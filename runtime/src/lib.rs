@@ -9,10 +9,14 @@
 //!   deterministic ring all-reduce over TCP ([`collective::Communicator`]); a dead or silent peer
 //!   fails every rank within the collective timeout, naming it.
 //!
+//! - `probe` (feature `trainer`): one rank of the `allreduce` probe (`fleetmend allreduce`), which
+//!   measures the ring's bus bandwidth between nodes for the repairer.
 //! - `train` (feature `trainer`): the bundled data-parallel trainer (`fleetmend train`), built on
 //!   both. The bundled job queue that places its ranks lives in the repairer.
 
 pub mod checkpoint;
 pub mod collective;
+#[cfg(feature = "trainer")]
+pub mod probe;
 #[cfg(feature = "trainer")]
 pub mod train;

@@ -213,6 +213,8 @@ fn build(
         commands: commands.clone(),
         observer: Some(queue.clone() as Arc<dyn ReportObserver>),
         tracer: None,
+        // The simulated fleet has no links to measure.
+        prober: None,
     })
     .map_err(|e| repairer_err(&e))?;
     engine.start().map_err(|e| repairer_err(&e))?;

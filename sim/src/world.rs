@@ -628,6 +628,7 @@ impl World {
             verdict: Some(if ok { Verdict::Healthy } else { Verdict::Unhealthy }),
             findings,
             evidence: None,
+            allreduce: None,
             finished_at_ms: now,
         };
         if let Some(sim) = self.nodes.get_mut(node) {

@@ -4,6 +4,7 @@
 // Test support: a failure to set up is a test failure, so panicking here is the point.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod netns;
 pub mod slurm;
 
 use std::collections::BTreeSet;

@@ -446,6 +446,7 @@ fn agent_loop(repairer: SocketAddr, reboots: &Path, shared: &Mutex<AgentShared>)
                     verdict: Some(Verdict::Healthy),
                     findings: Vec::new(),
                     evidence: None,
+                    allreduce: None,
                     finished_at_ms: now_ms(),
                 };
                 if hold_deep_check {

@@ -60,6 +60,11 @@ impl Engine {
             if moved_target {
                 node.metrics_target = target;
             }
+            let address = report.address.clone().filter(|a| !a.is_empty());
+            let moved_address = address.is_some() && node.address != address;
+            if moved_address {
+                node.address = address;
+            }
             let mut changed = rebooted;
             // The node reports: it is not unreachable.
             changed |= remove_findings(node, |t| {
@@ -68,7 +73,7 @@ impl Engine {
             let incoming: Vec<&Finding> =
                 report.findings.iter().filter(|f| f.status != Status::Ok).collect();
             changed |= track(node, FindingSource::Agent, &incoming, now);
-            Ok((changed, rebooted, changed || new_agent || moved_target))
+            Ok((changed, rebooted, changed || new_agent || moved_target || moved_address))
         })?;
         if save {
             nodes.save(&report.node)?;

@@ -19,6 +19,7 @@ use fleetmend_proto::Status;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
+use crate::allreduce::Prober;
 pub use crate::breaker::{Breaker, BreakerState};
 use crate::clock::{self, SharedClock};
 use crate::commands::CommandQueue;
@@ -108,6 +109,8 @@ pub struct EngineParts {
     pub observer: Option<Arc<dyn ReportObserver>>,
     /// Traces the workflows (when `[telemetry]` exports them).
     pub tracer: Option<Arc<WorkflowTracer>>,
+    /// The allreduce probe, which a validation's deep check may wait for.
+    pub prober: Option<Arc<Prober>>,
 }
 
 impl std::fmt::Debug for EngineParts {
@@ -161,6 +164,7 @@ impl Engine {
             commands: parts.commands.clone(),
             metrics: parts.metrics.clone(),
             tracer: parts.tracer,
+            prober: parts.prober.filter(|p| p.on_validate()),
             progress: progress.clone(),
             limits: workflow::Limits {
                 timeouts: parts.config.workflow.clone(),

@@ -209,6 +209,12 @@ pub fn builtin_rules() -> Vec<RuleConfig> {
             source: Some(FindingSource::Job),
             ..rule("job-health", RuleActionSpec::Recommended)
         },
+        // A node the allreduce probe measured slow against two peers: out of work until it
+        // measures well again.
+        RuleConfig {
+            source: Some(FindingSource::Probe),
+            ..rule("allreduce-probe", RuleActionSpec::Recommended)
+        },
         // Everything else the agent fails: its recommendation. Two observations so a single
         // glitchy poll does not take a node out; events (Xid, kernel log) are caught above or
         // arrive in every report while their window lasts.

@@ -203,7 +203,7 @@ pub struct Straggler {
 }
 
 /// The median of `values` (finite ones), if any.
-fn median(values: impl IntoIterator<Item = f64>) -> Option<f64> {
+pub fn median(values: impl IntoIterator<Item = f64>) -> Option<f64> {
     let mut sorted: Vec<f64> = values.into_iter().filter(|v| v.is_finite()).collect();
     if sorted.is_empty() {
         return None;

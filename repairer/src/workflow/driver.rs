@@ -13,6 +13,7 @@ use super::machine::{
     self, Answer, DeepCheck, Done, Effect, Failure, FailureKind, Limits, Note, Observation,
 };
 use super::{KeptEvidence, Outcome, Workflow};
+use crate::allreduce::Prober;
 use crate::breaker::Breaker;
 use crate::clock::{self, SharedClock};
 use crate::commands::CommandQueue;
@@ -37,6 +38,8 @@ pub struct WorkflowContext {
     pub commands: Arc<CommandQueue>,
     pub metrics: Arc<RepairerMetrics>,
     pub tracer: Option<Arc<WorkflowTracer>>,
+    /// The allreduce probe a validation's deep check also waits for (`[allreduce] on_validate`).
+    pub prober: Option<Arc<Prober>>,
     /// Raised when a report may let a waiting step go on.
     pub progress: Arc<Notify>,
     pub limits: Limits,
@@ -107,6 +110,20 @@ pub async fn run(cx: Arc<WorkflowContext>, mut workflow: Workflow) {
     }
 }
 
+/// The result of validation `id`: the agent's deep check, and the allreduce probe's verdict where
+/// the validation waits for one (both must be in; the node passes only if both passed).
+fn deep_check(cx: &WorkflowContext, id: &str) -> Option<DeepCheck> {
+    let result = cx.commands.result(id)?;
+    let Some(prober) = &cx.prober else {
+        return Some(DeepCheck { ok: result.ok, message: result.message });
+    };
+    let probe = prober.verdict(id)?;
+    Some(DeepCheck {
+        ok: result.ok && probe.ok,
+        message: format!("{}; {}", result.message, probe.message),
+    })
+}
+
 /// What the machine reads besides the workflow.
 fn observe(cx: &WorkflowContext, wf: &Workflow, answer: Option<Answer>) -> Observation {
     let (boot_id, replacement_reported) = {
@@ -115,11 +132,7 @@ fn observe(cx: &WorkflowContext, wf: &Workflow, answer: Option<Answer>) -> Obser
         let boot_id = nodes.get(&wf.node).map(|n| n.boot_id.clone()).unwrap_or_default();
         (boot_id, wf.replacement.as_deref().is_some_and(|n| nodes.get(n).is_some()))
     };
-    let deep_check = wf
-        .validation
-        .as_deref()
-        .and_then(|id| cx.commands.result(id))
-        .map(|result| DeepCheck { ok: result.ok, message: result.message });
+    let deep_check = wf.validation.as_deref().and_then(|id| deep_check(cx, id));
     let evidence_answered = wf.evidence.as_deref().is_some_and(|id| cx.commands.has_result(id));
     let last_heard_ms = if wf.step == super::Step::Evidence {
         cx.nodes.last_heard_ms(&wf.node).unwrap_or(0)
@@ -251,7 +264,12 @@ fn note_down(
             })?;
             cx.metrics.repair(before.action, "escalated");
         }
-        Note::ResultUsed(id) => cx.commands.forget(id),
+        Note::ResultUsed(id) => {
+            cx.commands.forget(id);
+            if let Some(prober) = &cx.prober {
+                prober.forget(id);
+            }
+        }
         Note::EvidenceAnswered(id) => keep_evidence(cx, wf, id, now)?,
     }
     Ok(())
@@ -396,6 +414,9 @@ async fn carry_out(cx: &WorkflowContext, wf: &Workflow, effect: Effect) -> Answe
             call(cx, cx.provider.replace(&node)).await.map(Done::Replacement)
         }
         Effect::DeepCheck { node, id } => {
+            if let Some(prober) = &cx.prober {
+                prober.request(&node, &id);
+            }
             let kind = command_kind::DEEP_CHECK.to_owned();
             cx.commands.push(&node, NodeCommand { id, kind, args: Default::default() });
             Ok(Done::DeepCheckQueued)

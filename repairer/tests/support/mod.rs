@@ -465,6 +465,10 @@ struct AgentState {
     fault_persists: bool,
     /// Deep checks fail even with no failing finding.
     deep_check_fails: bool,
+    /// What this node's rank of an allreduce probe measures (GB/s).
+    allreduce_gbps: f64,
+    /// What it measures after its next reboot.
+    allreduce_gbps_after_reboot: Option<f64>,
     /// A reboot does not bring the node back: it never reports again.
     stays_down_after_reboot: bool,
     down: bool,
@@ -608,6 +612,8 @@ impl Agent {
             findings: Vec::new(),
             fault_persists: false,
             deep_check_fails: false,
+            allreduce_gbps: 10.0,
+            allreduce_gbps_after_reboot: None,
             stays_down_after_reboot: false,
             down: false,
             reboots_seen: 0,
@@ -658,6 +664,16 @@ impl Agent {
     /// Makes deep checks fail even with no failing finding.
     pub fn set_deep_check_fails(&self, fails: bool) {
         self.inner.state.lock().unwrap().deep_check_fails = fails;
+    }
+
+    /// What this node's rank of an allreduce probe measures from now on (GB/s).
+    pub fn set_allreduce_gbps(&self, gbps: f64) {
+        self.inner.state.lock().unwrap().allreduce_gbps = gbps;
+    }
+
+    /// What this node's rank of an allreduce probe measures once it rebooted (GB/s).
+    pub fn set_allreduce_gbps_after_reboot(&self, gbps: f64) {
+        self.inner.state.lock().unwrap().allreduce_gbps_after_reboot = Some(gbps);
     }
 
     /// Makes the next reboot the node's last: it never reports again.
@@ -779,6 +795,9 @@ impl AgentInner {
             state.down |= state.stays_down_after_reboot;
             state.boot += 1;
             state.boot_id = format!("{}-boot-{}", self.node, state.boot);
+            if let Some(gbps) = state.allreduce_gbps_after_reboot.take() {
+                state.allreduce_gbps = gbps;
+            }
             state.seq = 0;
             state.trigger = ReportTrigger::Startup;
             state.results.clear();
@@ -879,6 +898,27 @@ impl AgentInner {
                 state.results.push(CommandResult::evidence(&command.id, bundle, now_ms()));
                 continue;
             }
+            if command.kind == command_kind::ALLREDUCE && state.ran.insert(command.id.clone()) {
+                let gbps = state.allreduce_gbps;
+                let measured = fleetmend_proto::probes::AllreduceMeasurement {
+                    bytes: 1 << 20,
+                    world_size: 2,
+                    seconds: 0.001,
+                    busbw_gbps: gbps,
+                };
+                state.results.push(CommandResult {
+                    id: command.id.clone(),
+                    kind: command.kind.clone(),
+                    ok: true,
+                    message: format!("{gbps} GB/s"),
+                    verdict: None,
+                    findings: Vec::new(),
+                    evidence: None,
+                    allreduce: Some(measured),
+                    finished_at_ms: now_ms(),
+                });
+                continue;
+            }
             if command.kind != command_kind::DEEP_CHECK || !state.ran.insert(command.id.clone()) {
                 continue;
             }
@@ -899,6 +939,7 @@ impl AgentInner {
                 verdict: Some(if ok { Verdict::Healthy } else { Verdict::Unhealthy }),
                 findings: failing,
                 evidence: None,
+                allreduce: None,
                 finished_at_ms: now_ms(),
             });
         }
