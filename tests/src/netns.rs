@@ -38,6 +38,8 @@ pub struct NetnsHost {
     pub control_outer: String,
     /// The host's address on the control link, where its agent listens.
     pub address: String,
+    /// The host's address on the data link (on the bridge).
+    pub data_address: String,
 }
 
 impl NetnsHost {
@@ -50,11 +52,12 @@ impl NetnsHost {
             nic: format!("fd{index}{tag}n"),
             control_outer: format!("fc{index}{tag}o"),
             address: format!("10.231.{subnet}.{}", index * 4 + 2),
+            data_address: format!("10.232.{subnet}.{}", index + 1),
         };
         let control_inner = format!("fc{index}{tag}i");
         let outer_address = format!("10.231.{subnet}.{}/30", index * 4 + 1);
         let inner_address = format!("{}/30", host.address);
-        let data_address = format!("10.232.{subnet}.{}/24", index + 1);
+        let data_address = format!("{}/24", host.data_address);
         for args in [
             vec!["netns", "add", &host.netns],
             vec!["-n", &host.netns, "link", "set", "lo", "up"],
@@ -89,11 +92,6 @@ impl NetnsHost {
 
     /// The real agent inside the namespace, reading the namespace's own /sys for its NIC and
     /// reporting to `repairer` over the control link.
-    /// The data link's address inside the namespace (`10.232.x.y`, on the bridge).
-    pub fn data_address(&self, index: u8, tag: u32) -> String {
-        format!("10.232.{}.{}", tag % 250, index + 1)
-    }
-
     /// `extra` is appended to the agent's config (more sections).
     pub fn start_agent(&self, dir: &Path, repairer: &str, extra: &str) -> Running {
         let listen: SocketAddr = format!("{}:9831", self.address).parse().unwrap();
@@ -163,10 +161,13 @@ impl Drop for Bridge {
     }
 }
 
-pub fn nodes_json(repairer: SocketAddr) -> Vec<Value> {
+/// `fleetmend ARGS --output json` against `repairer` as the admin, as a list (empty when it
+/// printed none).
+fn cli_json(repairer: SocketAddr, args: &[&str]) -> Vec<Value> {
     let output = run_with_timeout(
         Command::new(fleetmend_bin())
-            .args(["nodes", "--output", "json"])
+            .args(args)
+            .args(["--output", "json"])
             .env("FLEETMEND_REPAIRER", format!("http://127.0.0.1:{}", repairer.port()))
             .env("FLEETMEND_TOKEN", ADMIN),
         Duration::from_secs(20),
@@ -175,6 +176,10 @@ pub fn nodes_json(repairer: SocketAddr) -> Vec<Value> {
         .ok()
         .and_then(|v| v.as_array().cloned())
         .unwrap_or_default()
+}
+
+pub fn nodes_json(repairer: SocketAddr) -> Vec<Value> {
+    cli_json(repairer, &["nodes"])
 }
 
 pub fn node_state(nodes: &[Value], node: &str) -> Option<String> {
@@ -182,15 +187,106 @@ pub fn node_state(nodes: &[Value], node: &str) -> Option<String> {
 }
 
 pub fn events_cli(repairer: SocketAddr) -> Vec<Value> {
-    let output = run_with_timeout(
-        Command::new(fleetmend_bin())
-            .args(["events", "--limit", "1000", "--output", "json"])
-            .env("FLEETMEND_REPAIRER", format!("http://127.0.0.1:{}", repairer.port()))
-            .env("FLEETMEND_TOKEN", ADMIN),
-        Duration::from_secs(20),
-    );
-    serde_json::from_slice::<Value>(&output.stdout)
-        .ok()
-        .and_then(|v| v.as_array().cloned())
-        .unwrap_or_default()
+    cli_json(repairer, &["events", "--limit", "1000"])
+}
+
+/// One line per event, for failure messages.
+pub fn story(events: &[Value]) -> String {
+    events
+        .iter()
+        .map(|e| {
+            format!(
+                "{:>4} {:<24} {:<8} {}{}",
+                e["id"],
+                e["kind"].as_str().unwrap_or(""),
+                e["node"].as_str().unwrap_or("-"),
+                match (e["from_state"].as_str(), e["to_state"].as_str()) {
+                    (Some(from), Some(to)) => format!("{from} → {to}: "),
+                    _ => String::new(),
+                },
+                e["reason"].as_str().unwrap_or("")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Hosts in namespaces on one bridge, a real repairer in the test's namespace listening on every
+/// address, and each host's real agent reporting to it over its control link.
+#[derive(Debug)]
+pub struct NetnsFleet {
+    pub repairer: Running,
+    pub agents: Vec<Running>,
+    /// The repairer's API, from the test's namespace.
+    pub api: SocketAddr,
+    /// Dropped after the agents: the hosts, then the bridge.
+    pub hosts: Vec<NetnsHost>,
+    pub bridge: Bridge,
+}
+
+impl NetnsFleet {
+    /// Hosts named `names` on bridge `BRIDGE_PREFIX<tag>`; `settings` is appended to the repairer's
+    /// config and `agent_extra(index, host)` to each agent's.
+    pub fn start(
+        dir: &Path,
+        bridge_prefix: &str,
+        names: &[&str],
+        settings: &str,
+        agent_extra: impl Fn(usize, &NetnsHost) -> String,
+    ) -> NetnsFleet {
+        let tag = std::process::id() % 100_000;
+        let bridge = Bridge::create(format!("{bridge_prefix}{tag}"));
+        let hosts: Vec<NetnsHost> = names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| NetnsHost::create(name, i as u8, tag, &bridge.0))
+            .collect();
+        let port = crate::free_port();
+        let listen = SocketAddr::from(([0, 0, 0, 0], port));
+        let config = dir.join("repairer.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "listen = \"{listen}\"\nstore = \"{}\"\nagent_token = \"{AGENT}\"\n\
+                 admin_token = \"{ADMIN}\"\n{settings}\n",
+                dir.join("repairer.db").display()
+            ),
+        )
+        .unwrap();
+        let api = SocketAddr::from(([127, 0, 0, 1], port));
+        let repairer = crate::start_repairer(
+            &config,
+            api,
+            &dir.join("repairer.stderr"),
+            Duration::from_secs(20),
+        );
+        let agents = hosts
+            .iter()
+            .enumerate()
+            .map(|(i, host)| {
+                let gateway = format!("http://10.231.{}.{}:{port}", tag % 250, i * 4 + 1);
+                host.start_agent(dir, &gateway, &agent_extra(i, host))
+            })
+            .collect();
+        NetnsFleet { repairer, agents, api, hosts, bridge }
+    }
+
+    /// The nodes, the events and every process's log, for a failure message.
+    pub fn diagnostics(&self) -> String {
+        format!(
+            "nodes: {:#?}\nevents:\n{}\nrepairer:\n{}\nagents:\n{}",
+            nodes_json(self.api),
+            story(&events_cli(self.api)),
+            self.repairer.stderr(),
+            self.agents.iter().map(Running::stderr).collect::<Vec<_>>().join("\n---\n")
+        )
+    }
+
+    /// Stops every agent, then the repairer.
+    pub fn stop(mut self) {
+        for agent in &mut self.agents {
+            agent.terminate(Duration::from_secs(10));
+        }
+        self.repairer.terminate(Duration::from_secs(10));
+    }
 }

@@ -10,9 +10,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use fleetmend_tests::netns::{ADMIN, AGENT, Bridge, NetnsHost, events_cli, node_state, nodes_json};
-use fleetmend_tests::{Running, free_port, http_get, poll_until, run_with_timeout, start_repairer};
-use serde_json::Value;
+use fleetmend_tests::netns::{NetnsFleet, events_cli, node_state, nodes_json, story};
+use fleetmend_tests::{free_port, http_get, poll_until, run_with_timeout};
 
 /// The probe's results so far (`fleetmend_allreduce_probes_total`), by result.
 fn probes(api: SocketAddr, result: &str) -> f64 {
@@ -37,82 +36,28 @@ fn tc(netns: &str, args: &[&str]) {
     );
 }
 
-fn story(events: &[Value]) -> String {
-    events
-        .iter()
-        .map(|e| {
-            format!(
-                "{:>4} {:<16} {:<6} {}",
-                e["id"],
-                e["kind"].as_str().unwrap_or(""),
-                e["node"].as_str().unwrap_or("-"),
-                e["reason"].as_str().unwrap_or("")
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 #[test]
 fn a_rate_limited_link_fails_the_allreduce_probe_and_passes_once_lifted() {
     let dir = tempfile::tempdir().unwrap();
-    let tag = std::process::id() % 100_000;
-    let bridge = Bridge::create(format!("fmar{tag}"));
     let names = ["ar-a", "ar-b", "ar-c", "ar-d"];
-    let hosts: Vec<NetnsHost> = names
-        .iter()
-        .enumerate()
-        .map(|(i, name)| NetnsHost::create(name, i as u8, tag, &bridge.0))
-        .collect();
-
     // Fraction 0.25, not the default 0.5: on a 2-core machine, with every rank a debug build
     // sharing the CPUs, healthy pairs measure up to 2× apart; the shaped link measures ~0.02×.
-    let port = free_port();
-    let listen = SocketAddr::from(([0, 0, 0, 0], port));
-    let config = dir.path().join("repairer.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen = \"{listen}\"\nstore = \"{}\"\nagent_token = \"{AGENT}\"\nadmin_token = \"{ADMIN}\"\n\
-             scheduler = \"memory\"\n\
-             [engine]\ntick = \"100ms\"\nreport_interval = \"300ms\"\n\
-             [allreduce]\nevery = \"1s\"\nbytes = 2097152\niterations = 3\nmin_samples = 3\n\
-             fraction = 0.25\ntimeout = \"20s\"\nport = {}\n",
-            dir.path().join("repairer.db").display(),
-            free_port(),
-        ),
-    )
-    .unwrap();
-    let mut repairer = start_repairer(
-        &config,
-        SocketAddr::from(([127, 0, 0, 1], port)),
-        &dir.path().join("repairer.stderr"),
-        Duration::from_secs(20),
+    let settings = format!(
+        "scheduler = \"memory\"\n\
+         [engine]\ntick = \"100ms\"\nreport_interval = \"300ms\"\n\
+         [allreduce]\nevery = \"1s\"\nbytes = 2097152\niterations = 3\nmin_samples = 3\n\
+         fraction = 0.25\ntimeout = \"20s\"\nport = {}\n",
+        free_port()
     );
-    let api = SocketAddr::from(([127, 0, 0, 1], port));
-    let mut agents: Vec<Running> = hosts
-        .iter()
-        .enumerate()
-        .map(|(i, host)| {
-            let gateway = format!("http://10.231.{}.{}:{port}", tag % 250, i * 4 + 1);
-            // The probe's ranks meet over the data link: the node is reached at that address.
-            let extra = format!(
-                "[jobs]\nenabled = true\ndir = \"{}\"\nadvertise_address = \"{}\"\n",
-                dir.path().join(format!("jobs-{}", host.node)).display(),
-                host.data_address(i as u8, tag),
-            );
-            host.start_agent(dir.path(), &gateway, &extra)
-        })
-        .collect();
-    let diagnostics = |agents: &[Running], repairer: &Running| {
+    // The probe's ranks meet over the data link: the node is reached at that address.
+    let fleet = NetnsFleet::start(dir.path(), "fmar", &names, &settings, |_, host| {
         format!(
-            "nodes: {:#?}\nevents:\n{}\nrepairer:\n{}\nagents:\n{}",
-            nodes_json(api),
-            story(&events_cli(api)),
-            repairer.stderr(),
-            agents.iter().map(Running::stderr).collect::<Vec<_>>().join("\n---\n")
+            "[jobs]\nenabled = true\ndir = \"{}\"\nadvertise_address = \"{}\"\n",
+            dir.path().join(format!("jobs-{}", host.node)).display(),
+            host.data_address,
         )
-    };
+    });
+    let api = fleet.api;
 
     // Healthy, then enough passing measurements for a median.
     let baseline = poll_until(Duration::from_secs(60), || {
@@ -120,11 +65,11 @@ fn a_rate_limited_link_fails_the_allreduce_probe_and_passes_once_lifted() {
         names.iter().all(|n| node_state(&nodes, n).as_deref() == Some("healthy"))
             && probes(api, "pass") >= 2.0
     });
-    assert!(baseline, "no baseline formed:\n{}", diagnostics(&agents, &repairer));
+    assert!(baseline, "no baseline formed:\n{}", fleet.diagnostics());
     assert_eq!(probes(api, "low") + probes(api, "failed"), 0.0, "a healthy fleet measured low");
 
     // ar-c's NIC sends at 50 Mbit/s: a real kernel shaper on its egress.
-    let slow = &hosts[2];
+    let slow = &fleet.hosts[2];
     tc(
         &slow.netns,
         &[
@@ -136,7 +81,7 @@ fn a_rate_limited_link_fails_the_allreduce_probe_and_passes_once_lifted() {
     let drained = poll_until(Duration::from_secs(60), || {
         node_state(&nodes_json(api), "ar-c").as_deref() == Some("drained")
     });
-    assert!(drained, "ar-c was not drained:\n{}", diagnostics(&agents, &repairer));
+    assert!(drained, "ar-c was not drained:\n{}", fleet.diagnostics());
     eprintln!("rate limit → drained in {:.2} s", limited.elapsed().as_secs_f64());
     let events = events_cli(api);
     let draining = events
@@ -163,16 +108,7 @@ fn a_rate_limited_link_fails_the_allreduce_probe_and_passes_once_lifted() {
     let back = poll_until(Duration::from_secs(60), || {
         node_state(&nodes_json(api), "ar-c").as_deref() == Some("healthy")
     });
-    assert!(
-        back,
-        "ar-c did not come back once the limit was lifted:\n{}",
-        diagnostics(&agents, &repairer)
-    );
+    assert!(back, "ar-c did not come back once the limit was lifted:\n{}", fleet.diagnostics());
 
-    for agent in &mut agents {
-        agent.terminate(Duration::from_secs(10));
-    }
-    repairer.terminate(Duration::from_secs(10));
-    drop(hosts);
-    drop(bridge);
+    fleet.stop();
 }

@@ -24,10 +24,8 @@ use fleetmend_local::faults::Fault;
 use fleetmend_local::scenario::{self, Expect, Scenario};
 use fleetmend_local::up::{Fleet, FleetConfig};
 use fleetmend_repairer::alerts::SinkConfig;
-use fleetmend_tests::netns::{
-    ADMIN, AGENT, Bridge, NetnsHost, events_cli, ip, node_state, nodes_json,
-};
-use fleetmend_tests::{Running, fleetmend_bin, free_port, poll_until, start_repairer};
+use fleetmend_tests::netns::{NetnsFleet, events_cli, ip, node_state, nodes_json, story};
+use fleetmend_tests::{fleetmend_bin, poll_until};
 use serde_json::Value;
 
 /// The fleet's events as JSON (the tests crate speaks to the repairer's types through serde).
@@ -38,27 +36,6 @@ fn events(fleet: &Fleet) -> Vec<Value> {
 
 fn id(event: &Value) -> i64 {
     event["id"].as_i64().unwrap()
-}
-
-/// One line per event, for failure messages.
-fn story(events: &[Value]) -> String {
-    events
-        .iter()
-        .map(|e| {
-            format!(
-                "{:>4} {:<24} {:<8} {}{}",
-                e["id"],
-                e["kind"].as_str().unwrap_or(""),
-                e["node"].as_str().unwrap_or("-"),
-                match (e["from_state"].as_str(), e["to_state"].as_str()) {
-                    (Some(from), Some(to)) => format!("{from} → {to}: "),
-                    _ => String::new(),
-                },
-                e["reason"].as_str().unwrap_or("")
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 /// The first event after `after` (an id) that `matches`, or a failure naming `what`.
@@ -428,59 +405,15 @@ fn a_storm_on_3_of_5_nodes_opens_the_breaker_and_nothing_is_rebooted() {
 #[test]
 fn a_link_set_down_between_namespaces_fails_the_nic_check_and_drains_the_node() {
     let dir = tempfile::tempdir().unwrap();
-    let tag = std::process::id() % 100_000;
-    let bridge = Bridge::create(format!("fmbr{tag}"));
-    let hosts = [
-        NetnsHost::create("ns-a", 0, tag, &bridge.0),
-        NetnsHost::create("ns-b", 1, tag, &bridge.0),
-    ];
-
-    // The repairer listens on every address: the agents reach it over their control links.
-    let port = free_port();
-    let listen = SocketAddr::from(([0, 0, 0, 0], port));
-    let config = dir.path().join("repairer.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen = \"{listen}\"\nstore = \"{}\"\nagent_token = \"{AGENT}\"\nadmin_token = \"{ADMIN}\"\n\
-             [engine]\ntick = \"100ms\"\nreport_interval = \"300ms\"\n",
-            dir.path().join("repairer.db").display()
-        ),
-    )
-    .unwrap();
-    let mut repairer = start_repairer(
-        &config,
-        SocketAddr::from(([127, 0, 0, 1], port)),
-        &dir.path().join("repairer.stderr"),
-        Duration::from_secs(20),
-    );
-    let api = SocketAddr::from(([127, 0, 0, 1], port));
-    let mut agents: Vec<Running> = hosts
-        .iter()
-        .enumerate()
-        .map(|(i, host)| {
-            let gateway = format!("http://10.231.{}.{}:{port}", tag % 250, i * 4 + 1);
-            host.start_agent(dir.path(), &gateway, "")
-        })
-        .collect();
-    let diagnostics = |agents: &[Running], repairer: &Running| {
-        format!(
-            "nodes: {:#?}\nevents:\n{}\nrepairer:\n{}\nagents:\n{}",
-            nodes_json(api),
-            story(&events_cli(api)),
-            repairer.stderr(),
-            agents.iter().map(Running::stderr).collect::<Vec<_>>().join("\n---\n")
-        )
-    };
+    let settings = "[engine]\ntick = \"100ms\"\nreport_interval = \"300ms\"\n";
+    let fleet =
+        NetnsFleet::start(dir.path(), "fmbr", &["ns-a", "ns-b"], settings, |_, _| String::new());
+    let (api, hosts) = (fleet.api, &fleet.hosts);
     let healthy = poll_until(Duration::from_secs(30), || {
         let nodes = nodes_json(api);
         hosts.iter().all(|h| node_state(&nodes, &h.node).as_deref() == Some("healthy"))
     });
-    assert!(
-        healthy,
-        "the namespaced nodes did not join healthy:\n{}",
-        diagnostics(&agents, &repairer)
-    );
+    assert!(healthy, "the namespaced nodes did not join healthy:\n{}", fleet.diagnostics());
 
     // The cable of ns-a is pulled at the switch: its NIC loses carrier inside its namespace.
     let pulled = Instant::now();
@@ -488,7 +421,7 @@ fn a_link_set_down_between_namespaces_fails_the_nic_check_and_drains_the_node() 
     let drained = poll_until(Duration::from_secs(30), || {
         node_state(&nodes_json(api), "ns-a").as_deref() == Some("drained")
     });
-    assert!(drained, "ns-a was not drained:\n{}", diagnostics(&agents, &repairer));
+    assert!(drained, "ns-a was not drained:\n{}", fleet.diagnostics());
     eprintln!("link down → drained in {:.2} s", pulled.elapsed().as_secs_f64());
     let events = events_cli(api);
     let draining = events
@@ -514,14 +447,7 @@ fn a_link_set_down_between_namespaces_fails_the_nic_check_and_drains_the_node() 
     let back = poll_until(Duration::from_secs(30), || {
         node_state(&nodes_json(api), "ns-a").as_deref() == Some("healthy")
     });
-    assert!(
-        back,
-        "ns-a did not come back after the link did:\n{}",
-        diagnostics(&agents, &repairer)
-    );
+    assert!(back, "ns-a did not come back after the link did:\n{}", fleet.diagnostics());
 
-    for agent in &mut agents {
-        agent.terminate(Duration::from_secs(10));
-    }
-    repairer.terminate(Duration::from_secs(10));
+    fleet.stop();
 }

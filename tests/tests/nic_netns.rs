@@ -7,6 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use fleetmend_proto::{HealthView, Status};
+use fleetmend_tests::netns::ip;
 use fleetmend_tests::{fleetmend_bin, poll_until, run_with_timeout};
 
 /// A namespace and veth pair, removed on drop.
@@ -67,16 +68,6 @@ impl Drop for TestHost {
         let _ = Command::new("ip").args(["link", "del", &self.outer]).status();
         let _ = Command::new("ip").args(["netns", "del", &self.netns]).status();
     }
-}
-
-fn ip(args: &[&str]) {
-    let output = run_with_timeout(Command::new("ip").args(args), Duration::from_secs(10));
-    assert!(
-        output.status.success(),
-        "ip {} failed (this test needs root and iproute2): {}",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stderr)
-    );
 }
 
 fn nic_findings(view: &HealthView, interface: &str) -> Vec<(String, Status)> {

@@ -708,6 +708,8 @@ fn report_outcome(
         }
     }
     let finding = match probe {
+        // Not written to by configuration (`probe = false`): nothing to say of a probe.
+        None if !config.probe => return,
         None => Finding::new(
             NAME,
             findings::PROBE,
