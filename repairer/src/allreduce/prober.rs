@@ -167,12 +167,7 @@ impl Prober {
         let mut lows = Vec::new();
         let mut tried = Vec::new();
         while lows.len() < super::CONFIRMING_PEERS {
-            let idle = self.idle_peers(node).await;
-            let peer = {
-                let state = self.state();
-                pick_peer(node, &idle, &tried, true, &self.choice(&state)).cloned()
-            };
-            let Some(peer) = peer else {
+            let Some(peer) = self.idle_peer(node, &tried, true).await else {
                 let message = match lows.is_empty() {
                     true => {
                         "allreduce: no idle healthy peer to measure against; not judged".to_owned()
@@ -205,7 +200,7 @@ impl Prober {
             // A suspect is measured again at once, with another peer; then the longest unmeasured.
             let mut due: Vec<(bool, u64, &String)> = subjects
                 .iter()
-                .map(|n| {
+                .map(|(n, _)| {
                     let last = state.last_probed.get(n).copied();
                     (!state.suspicions.is_suspect(n), last.unwrap_or(0), n)
                 })
@@ -221,13 +216,8 @@ impl Prober {
                 self.state().last_probed.insert(node, now);
                 continue;
             }
-            let idle = self.idle_peers(&node).await;
-            let peer = {
-                let state = self.state();
-                let tried = state.suspicions.of(&node);
-                pick_peer(&node, &idle, tried, false, &self.choice(&state)).cloned()
-            };
-            let Some(peer) = peer else { continue };
+            let tried = self.state().suspicions.of(&node).to_vec();
+            let Some(peer) = self.idle_peer(&node, &tried, false).await else { continue };
             let (judgement, busbw) = self.measure_pair(&node, &peer).await;
             tracing::info!(%node, %peer, ?judgement, busbw, "allreduce probe");
             return true;
@@ -399,7 +389,7 @@ impl Prober {
 
     /// Nodes that may be measured now: healthy (or drained by nothing but this probe's finding),
     /// reporting, out of any workflow and not a person's.
-    fn subjects(&self) -> Vec<String> {
+    fn subjects(&self) -> Vec<(String, NodeState)> {
         let now = self.ports.clock.now_ms();
         let window = u64::try_from(self.ports.unreachable_window.as_millis()).unwrap_or(u64::MAX);
         self.ports
@@ -415,29 +405,34 @@ impl Prober {
                 }
                 _ => false,
             })
-            .map(|n| n.name)
+            .map(|n| (n.name, n.state))
             .collect()
     }
 
-    /// Healthy idle nodes other than `node` that may be its peer.
-    async fn idle_peers(&self, node: &str) -> Vec<String> {
-        let healthy: Vec<String> = {
-            let slow = self.state().slow.clone();
-            let all = self.ports.nodes.all();
-            let subjects: BTreeSet<String> = self.subjects().into_iter().collect();
-            all.into_iter()
-                .filter(|n| n.name != node && n.state == NodeState::Healthy)
-                .filter(|n| subjects.contains(&n.name) && !slow.contains(&n.name))
-                .map(|n| n.name)
+    /// The peer to measure `node` with: a healthy subject other than `node`, not slow, picked by
+    /// [`pick_peer`] (not one of `tried`); only the one picked is asked of the scheduler whether
+    /// it is idle, and a busy one is passed over for the next.
+    async fn idle_peer(&self, node: &str, tried: &[String], suspects_too: bool) -> Option<String> {
+        let candidates: Vec<String> = {
+            let slow = &self.state().slow;
+            self.subjects()
+                .into_iter()
+                .filter(|(n, state)| n != node && *state == NodeState::Healthy && !slow.contains(n))
+                .map(|(n, _)| n)
                 .collect()
         };
-        let mut idle = Vec::new();
-        for name in healthy {
-            if self.is_idle(&name).await {
-                idle.push(name);
+        let mut passed_over = tried.to_vec();
+        loop {
+            let peer = {
+                let state = self.state();
+                pick_peer(node, &candidates, &passed_over, suspects_too, &self.choice(&state))
+                    .cloned()?
+            };
+            if self.is_idle(&peer).await {
+                return Some(peer);
             }
+            passed_over.push(peer);
         }
-        idle
     }
 
     /// No job runs on `node` (an unanswered scheduler counts as busy).
