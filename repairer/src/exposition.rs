@@ -126,6 +126,11 @@ fn queue_families(queue: &QueueMetrics) -> Vec<MetricFamily> {
         "A running job's slowest rank (label rank): its median compute time per step over the other ranks' median (1: as fast).",
         MetricType::GAUGE,
     );
+    let mut lost_seconds = family(
+        JOB_LOST_SECONDS,
+        "Seconds a job lost by cause: hang (standing at a step until it was declared hung), straggler (the share of its steps' time a flagged straggler rank cost).",
+        MetricType::COUNTER,
+    );
     let mut goodput = family(
         JOB_GOODPUT_RATIO,
         "Productive time (stepping past steps done before) over wall time since submission.",
@@ -162,6 +167,9 @@ fn queue_families(queue: &QueueMetrics) -> Vec<MetricFamily> {
         let labels = [("job", job.id.as_str())];
         push_counter(&mut restarts, &labels, f64::from(job.restarts));
         push_counter(&mut hangs, &labels, f64::from(job.hangs));
+        for (cause, seconds) in [("hang", job.hung_seconds), ("straggler", job.straggler_seconds)] {
+            push_counter(&mut lost_seconds, &[("job", job.id.as_str()), ("cause", cause)], seconds);
+        }
         if let Some((rank, ratio)) = job.slowest_rank {
             let rank = rank.to_string();
             push_gauge(&mut slowest, &[("job", job.id.as_str()), ("rank", rank.as_str())], ratio);
@@ -191,6 +199,7 @@ fn queue_families(queue: &QueueMetrics) -> Vec<MetricFamily> {
         restarts,
         hangs,
         slowest,
+        lost_seconds,
         goodput,
         lost,
         step,

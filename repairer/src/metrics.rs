@@ -26,6 +26,8 @@ pub const JOBS: &str = "fleetmend_jobs";
 pub const JOB_RESTARTS: &str = "fleetmend_job_restarts_total";
 pub const JOB_HANGS: &str = "fleetmend_job_hangs_total";
 pub const JOB_STRAGGLER_RATIO: &str = "fleetmend_job_straggler_ratio";
+/// Time a job lost by cause: `hang` or `straggler`.
+pub const JOB_LOST_SECONDS: &str = "fleetmend_job_lost_seconds_total";
 pub const JOB_GOODPUT_RATIO: &str = "fleetmend_job_goodput_ratio";
 pub const JOB_STEPS_LOST: &str = "fleetmend_job_steps_lost_total";
 pub const JOB_RESUME_SECONDS: &str = "fleetmend_job_resume_seconds";

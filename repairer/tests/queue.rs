@@ -711,3 +711,64 @@ async fn a_job_short_of_free_nodes_takes_a_hot_spare_and_a_long_wait_names_the_n
         alerts[0].reason
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_lost_to_a_straggler_and_to_a_hang_is_split_from_productive_time() {
+    let c = Cluster::start(|config| {
+        config.queue.hang_floor = Duration::from_secs(5);
+        config.queue.straggler_window = 3;
+        config.queue.straggler_warmup = 1;
+    })
+    .await;
+    // Two nodes and no spare: the straggler is a warning, its rank stays in place.
+    let agents = c.fleet(&["n1", "n2"]).await;
+    let job = c.submit(spec("slowed", 2, 0, 2)).await;
+    c.wait_state(&job, JobState::Running, 0).await;
+    let runs = runs_of(&agents, &job, 0);
+    let (lead, slow) = (&runs[0].1, &runs[1].1);
+
+    // Five steps 200 ms apart on the lead's clock; rank 1 computes each in twice rank 0's time.
+    let base = progress(lead, 0, 0, None).at_ms;
+    let post = async |run: &RunRank, step: u64, at_ms: u64, seconds: f64| {
+        let mut p = progress(run, step, 0, None);
+        p.at_ms = at_ms;
+        p.step_seconds = Some(seconds);
+        let (status, _) = post_progress(&c.client, run, &p, None).await;
+        assert_eq!(status, 200);
+    };
+    for step in 1..=5 {
+        post(lead, step, base + step * 200, 0.1).await;
+        post(slow, step, base + step * 200, 0.2).await;
+    }
+    let flagged = c
+        .wait_job(&job, "rank 1 flagged a straggler", |j| j.job.health.straggler_ratio.is_some())
+        .await;
+    assert_eq!(flagged.job.health.straggler_ratio, Some(2.0));
+    assert_eq!(flagged.job.goodput.productive_ms, 800, "steps 1 to 5, before the flag");
+    assert_eq!(flagged.job.goodput.straggler_ms, 0);
+
+    // 10 s more for one step at half pace: 5 s of it was work, 5 s the straggler's.
+    post(lead, 6, base + 11_000, 0.1).await;
+    let slowed = c.wait_job(&job, "step 6 accounted", |j| j.step == Some(6)).await;
+    assert_eq!(slowed.job.goodput.productive_ms, 800 + 5_000);
+    assert_eq!(slowed.job.goodput.straggler_ms, 5_000);
+
+    // No rank posts again: past the 5 s floor the job is hung and restarted; the time it stood
+    // at step 6 is the hang's.
+    let restarted = c.wait_state(&job, JobState::Running, 1).await;
+    assert_eq!(restarted.job.health.hangs, 1);
+    let hung_ms = restarted.job.goodput.hung_ms;
+    assert!((5_000..DEADLINE.as_millis() as u64).contains(&hung_ms), "hung {hung_ms} ms");
+    assert_eq!(restarted.job.goodput.productive_ms, 800 + 5_000, "the hang was no work");
+    assert_eq!(restarted.job.health.straggler_ratio, None, "a new attempt is judged afresh");
+
+    let metrics = c.client.get(format!("{}/metrics", c.base)).send().await.unwrap();
+    let metrics = metrics.text().await.unwrap();
+    let hung = format!("{}", hung_ms as f64 / 1000.0);
+    for (cause, seconds) in [("straggler", "5"), ("hang", hung.as_str())] {
+        let line = format!(
+            "fleetmend_job_lost_seconds_total{{job=\"{job}\",cause=\"{cause}\"}} {seconds}"
+        );
+        assert!(metrics.lines().any(|l| l == line), "no {line:?} in:\n{metrics}");
+    }
+}

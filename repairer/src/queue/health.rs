@@ -50,6 +50,10 @@ pub struct JobHealth {
     /// Attempts stopped for a loss that was not finite, over the job's life.
     #[serde(default)]
     pub non_finite_losses: u32,
+    /// The ratio of the job's slowest straggler while one is flagged (see `flag_stragglers`):
+    /// what the goodput accounting charges to stragglers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub straggler_ratio: Option<f64>,
 }
 
 impl JobHealth {
@@ -59,6 +63,7 @@ impl JobHealth {
         self.step_seconds.clear();
         self.advance_gaps.clear();
         self.loss_not_finite = None;
+        self.straggler_ratio = None;
     }
 
     /// A post of `step` (started from `start_step`) with `loss`, heard at `now`.

@@ -358,8 +358,17 @@ pub struct Observation {
 /// Productive time and lost work.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Goodput {
-    /// Time ranks spent stepping forward past steps already done before.
+    /// Time ranks spent stepping forward past steps already done before, at the pace the job
+    /// would have had without a straggler (the rest of that time is `straggler_ms`).
     pub productive_ms: u64,
+    /// Time the job stood at a step before it was declared hung: from its last step to the
+    /// decision.
+    #[serde(default)]
+    pub hung_ms: u64,
+    /// Time lost to a straggler rank while one was flagged: the ranks step together at the
+    /// slowest one's pace, so of each stretch of new steps at ratio `r`, `1 − 1/r` was lost.
+    #[serde(default)]
+    pub straggler_ms: u64,
     /// The furthest step ever reached.
     pub high_water_step: u64,
     pub steps_lost_total: u64,

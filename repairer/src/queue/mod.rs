@@ -143,6 +143,10 @@ pub struct JobFigures {
     pub step: Option<u64>,
     /// Hangs declared over its life.
     pub hangs: u32,
+    /// Seconds it stood at a step before each of its hangs was declared, in all.
+    pub hung_seconds: f64,
+    /// Seconds lost to straggler ranks while they were flagged, in all.
+    pub straggler_seconds: f64,
     /// A running job's slowest rank: (rank, its median step compute time over the others').
     pub slowest_rank: Option<(u32, f64)>,
     /// The current attempt's newest progress: loss, throughput and its newest checkpoint.

@@ -169,8 +169,15 @@ impl JobQueue {
             // Only steps past the furthest ever reached are new work; redone ones are not.
             let advanced = p.step - o.step;
             let fresh = p.step.saturating_sub(o.step.max(high));
-            let elapsed = p.at_ms.saturating_sub(o.at_ms);
-            job.goodput.productive_ms += elapsed * fresh / advanced;
+            let elapsed = p.at_ms.saturating_sub(o.at_ms) * fresh / advanced;
+            // With a straggler flagged the job stepped at its pace: 1/ratio of the time was work.
+            let slowed = job
+                .health
+                .straggler_ratio
+                .filter(|r| *r > 1.0)
+                .map_or(0, |ratio| (elapsed as f64 * (1.0 - 1.0 / ratio)).round() as u64);
+            job.goodput.productive_ms += elapsed - slowed.min(elapsed);
+            job.goodput.straggler_ms += slowed.min(elapsed);
         }
         job.goodput.high_water_step = high.max(p.step);
         let newer = job
@@ -211,6 +218,8 @@ impl JobQueue {
                 steps_lost: j.goodput.steps_lost_total,
                 step: j.step(),
                 hangs: j.health.hangs,
+                hung_seconds: j.goodput.hung_ms as f64 / 1000.0,
+                straggler_seconds: j.goodput.straggler_ms as f64 / 1000.0,
                 slowest_rank: super::health::slowest_rank(j, self.config.straggler_window as usize)
                     .map(|s| (s.rank, s.ratio)),
                 progress: j.latest_progress().cloned(),

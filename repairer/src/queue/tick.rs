@@ -308,6 +308,7 @@ impl JobQueue {
             let Some(hang) = health::hang(job, &rule, now) else { continue };
             let why = hang.reason(job);
             job.health.hangs += 1;
+            job.goodput.hung_ms += hang.stalled_ms;
             let named: Vec<String> = hang
                 .ranks
                 .iter()
@@ -381,8 +382,11 @@ impl JobQueue {
             return;
         }
         let mut found: BTreeMap<(String, u32), (String, health::Straggler)> = BTreeMap::new();
-        for job in state.jobs.values().filter(|j| j.state == JobState::Running) {
-            for straggler in health::stragglers(job, &rule) {
+        for job in state.jobs.values_mut().filter(|j| j.state == JobState::Running) {
+            let stragglers = health::stragglers(job, &rule);
+            job.health.straggler_ratio =
+                stragglers.iter().map(|s| s.ratio).max_by(|a, b| a.total_cmp(b));
+            for straggler in stragglers {
                 let Some(record) = job.ranks.get(straggler.rank as usize) else { continue };
                 found.insert((job.id.clone(), straggler.rank), (record.node.clone(), straggler));
             }
