@@ -170,14 +170,15 @@ impl JobQueue {
             let advanced = p.step - o.step;
             let fresh = p.step.saturating_sub(o.step.max(high));
             let elapsed = p.at_ms.saturating_sub(o.at_ms) * fresh / advanced;
-            // With a straggler flagged the job stepped at its pace: 1/ratio of the time was work.
+            // With a straggler flagged the job stepped at its pace: 1/ratio of the time was work
+            // (a ratio above 1 keeps `slowed` at most `elapsed`).
             let slowed = job
                 .health
                 .straggler_ratio
                 .filter(|r| *r > 1.0)
                 .map_or(0, |ratio| (elapsed as f64 * (1.0 - 1.0 / ratio)).round() as u64);
-            job.goodput.productive_ms += elapsed - slowed.min(elapsed);
-            job.goodput.straggler_ms += slowed.min(elapsed);
+            job.goodput.productive_ms += elapsed - slowed;
+            job.goodput.straggler_ms += slowed;
         }
         job.goodput.high_water_step = high.max(p.step);
         let newer = job
