@@ -105,6 +105,9 @@ enum Verb {
     /// Simulate a fleet's failures and fleetmend's repairs on the real decision code, in virtual
     /// time: goodput (ETTR) at scale.
     Simulate(fleetmend_sim::cli::SimulateArgs),
+    /// Per-node identity: issue each node a token of its own.
+    #[command(subcommand)]
+    Token(TokenVerb),
     /// Train the bundled model (one rank; ranks meet through RANK, WORLD_SIZE, MASTER_ADDR/PORT).
     Train(fleetmend_runtime::train::TrainArgs),
     /// One rank of the allreduce probe (the agent runs it for the repairer): measures the bundled
@@ -136,12 +139,35 @@ struct RepairerArgs {
     store: Option<PathBuf>,
 }
 
+#[derive(Debug, Subcommand)]
+enum TokenVerb {
+    /// Write a new token for each node to DIR/NODE.token (mode 0600: copy it to the node as its
+    /// agent's `[report] token_file`) and its SHA-256 to the repairer's `node_tokens_file`
+    /// (HASHES, created if missing; read again by the repairer when it changes). A node issued
+    /// again gets a new token, and its old one stops working.
+    Issue {
+        /// Where the token files go.
+        #[arg(long)]
+        dir: PathBuf,
+        /// The repairer's `node_tokens_file`.
+        #[arg(long)]
+        hashes: PathBuf,
+        /// The nodes, as they name themselves in reports.
+        #[arg(required = true)]
+        nodes: Vec<String>,
+    },
+}
+
 #[derive(Debug, Clone, clap::Args)]
 struct ClientArgs {
     /// The repairer's base URL.
     #[arg(long, env = "FLEETMEND_REPAIRER", default_value = "http://127.0.0.1:9830")]
     repairer: String,
-    /// Admin bearer token.
+    /// A file holding the bearer token (read when given; wins over --token): keeps the token out
+    /// of the command line, where `ps` shows it to every user of the machine.
+    #[arg(long, env = "FLEETMEND_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+    /// The bearer token itself (prefer --token-file or FLEETMEND_TOKEN).
     #[arg(long, env = "FLEETMEND_TOKEN", hide_env_values = true)]
     token: Option<String>,
     /// Who you are, for the audit trail.
@@ -292,7 +318,10 @@ const EXIT_CANNOT_RUN: u8 = 2;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    // `fleetmend up` on a terminal moves its own stderr into up.log once it starts: its log is
+    // never coloured.
+    let ansi = !matches!(cli.verb, Verb::Up(_)) && colour_on_stderr();
+    init_logging(cli.log_format, ansi);
     match cli.verb {
         Verb::Agent(args) => agent(args),
         Verb::Repairer(args) => repairer(args),
@@ -301,7 +330,25 @@ fn main() -> ExitCode {
         Verb::Up(args) => fleetmend_local::up::main(args),
         Verb::Inject(args) => fleetmend_local::faults::inject_main(args),
         Verb::Simulate(args) => fleetmend_sim::cli::run(args),
+        Verb::Token(verb) => token(verb),
         verb => client(verb),
+    }
+}
+
+fn token(verb: TokenVerb) -> ExitCode {
+    let TokenVerb::Issue { dir, hashes, nodes } = verb;
+    match fleetmend_repairer::identity::issue(&dir, &hashes, &nodes) {
+        Ok(files) => {
+            for (node, file) in nodes.iter().zip(&files) {
+                println!("{node}\t{}", file.display());
+            }
+            eprintln!("{} token(s) issued; hashes in {}", files.len(), hashes.display());
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("fleetmend token issue: {err}");
+            ExitCode::from(EXIT_CANNOT_RUN)
+        }
     }
 }
 
@@ -430,7 +477,8 @@ fn client(verb: Verb) -> ExitCode {
         | Verb::Allreduce(_)
         | Verb::Up(_)
         | Verb::Inject(_)
-        | Verb::Simulate(_) => {
+        | Verb::Simulate(_)
+        | Verb::Token(_) => {
             return ExitCode::from(EXIT_CANNOT_RUN);
         }
     };
@@ -441,14 +489,24 @@ fn client(verb: Verb) -> ExitCode {
             return ExitCode::from(EXIT_CANNOT_RUN);
         }
     };
+    let token = match &args.token_file {
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(text) if !text.trim().is_empty() => Some(text.trim().to_owned()),
+            Ok(_) => {
+                eprintln!("fleetmend: the token file {} is empty", path.display());
+                return ExitCode::from(EXIT_CANNOT_RUN);
+            }
+            Err(err) => {
+                eprintln!("fleetmend: reading the token file {}: {err}", path.display());
+                return ExitCode::from(EXIT_CANNOT_RUN);
+            }
+        },
+        None => args.token.clone(),
+    };
     let result: Result<String, String> = runtime.block_on(async {
-        let client = Client::new(
-            &args.repairer,
-            args.token.clone(),
-            &args.user,
-            std::time::Duration::from_secs(30),
-        )
-        .map_err(|e| e.to_string())?;
+        let client =
+            Client::new(&args.repairer, token, &args.user, std::time::Duration::from_secs(30))
+                .map_err(|e| e.to_string())?;
         let format = match args.output {
             Output::Table => Format::Table,
             Output::Json => Format::Json,
@@ -482,7 +540,8 @@ fn client(verb: Verb) -> ExitCode {
             | Verb::Allreduce(_)
             | Verb::Up(_)
             | Verb::Inject(_)
-            | Verb::Simulate(_) => {
+            | Verb::Simulate(_)
+            | Verb::Token(_) => {
                 return Ok(String::new());
             }
         };
@@ -644,10 +703,20 @@ fn agent_config(args: &AgentArgs) -> Result<AgentConfig, ConfigError> {
     config.validated(&source)
 }
 
-fn init_logging(format: LogFormat) {
+/// Colour codes only for a person at a terminal: a log file, a pipe or the journal gets plain
+/// text, and `NO_COLOR` (https://no-color.org) turns them off everywhere.
+fn colour_on_stderr() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+fn init_logging(format: LogFormat, ansi: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("FLEETMEND_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

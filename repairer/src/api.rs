@@ -32,6 +32,8 @@ pub struct ApiState {
     pub queue: Option<Arc<crate::queue::JobQueue>>,
     pub alerts: Option<Arc<Alerts>>,
     pub tokens: Tokens,
+    /// Per-node identity (`node_tokens_file`): a report only with its node's own token.
+    pub node_tokens: Option<Arc<crate::identity::NodeTokens>>,
     pub inbound: InboundConfig,
     pub max_body_bytes: usize,
     /// `fleetmend_reports_received_total{outcome}`.
@@ -52,6 +54,8 @@ pub struct ReportCounters {
     pub ok: AtomicU64,
     pub malformed: AtomicU64,
     pub unauthorized: AtomicU64,
+    /// With another node's credential.
+    pub forbidden: AtomicU64,
     pub failed: AtomicU64,
 }
 
@@ -114,15 +118,33 @@ fn authorize(
     expected: &Option<String>,
 ) -> Result<(), ApiError> {
     let Some(expected) = expected else { return Ok(()) };
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .or(query_token);
-    match presented {
+    match bearer(headers).or(query_token) {
         Some(token) if constant_time_eq(token.as_bytes(), expected.as_bytes()) => Ok(()),
         Some(_) => Err(ApiError(StatusCode::UNAUTHORIZED, "wrong bearer token".to_owned())),
         None => Err(ApiError(StatusCode::UNAUTHORIZED, "a bearer token is required".to_owned())),
+    }
+}
+
+/// The token of `Authorization: Bearer <token>`, if any.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+}
+
+/// Who may post a report: with per-node identity the node whose token was presented (a report
+/// for any other node is then refused), else anyone with the agent token (`None`).
+fn report_sender(state: &ApiState, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(tokens) = &state.node_tokens else {
+        return authorize(headers, None, &state.tokens.agent).map(|()| None);
+    };
+    let Some(token) = bearer(headers) else {
+        return Err(ApiError(StatusCode::UNAUTHORIZED, "a bearer token is required".to_owned()));
+    };
+    match tokens.node_of(token) {
+        Some(node) => Ok(Some(node)),
+        None => Err(ApiError(StatusCode::UNAUTHORIZED, "wrong bearer token".to_owned())),
     }
 }
 
@@ -176,10 +198,9 @@ async fn report(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    if let Err(err) = authorize(&headers, None, &state.tokens.agent) {
+    let sender = report_sender(&state, &headers).inspect_err(|_| {
         state.reports.unauthorized.fetch_add(1, Ordering::Relaxed);
-        return Err(err);
-    }
+    })?;
     // An oversized body counts as malformed: it is not a report this repairer accepts.
     let body = read_body(body, state.max_body_bytes).inspect_err(|_| {
         state.reports.malformed.fetch_add(1, Ordering::Relaxed);
@@ -191,6 +212,19 @@ async fn report(
     if let Err(why) = check_report(&report) {
         state.reports.malformed.fetch_add(1, Ordering::Relaxed);
         return Err(bad_request(why));
+    }
+    if let Some(sender) = sender
+        && sender != report.node
+    {
+        state.reports.forbidden.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(credential = %sender, node = %report.node, "a report for another node's name refused");
+        return Err(ApiError(
+            StatusCode::FORBIDDEN,
+            format!(
+                "this credential is node {sender}'s: it may not report for node {}",
+                report.node
+            ),
+        ));
     }
     match state.engine.ingest_report(&report) {
         Ok(reply) => {
@@ -213,10 +247,7 @@ fn check_report(report: &Report) -> Result<(), String> {
             report.wire_version
         ));
     }
-    if report.node.is_empty()
-        || report.node.len() > 253
-        || !report.node.chars().all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
-    {
+    if !crate::identity::is_node_name(&report.node) {
         return Err(format!(
             "node: {:?} is not a node name (letters, digits, - . _; at most 253)",
             report.node
@@ -655,6 +686,7 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
     outcomes.insert("ok", state.reports.ok.load(Ordering::Relaxed));
     outcomes.insert("malformed", state.reports.malformed.load(Ordering::Relaxed));
     outcomes.insert("unauthorized", state.reports.unauthorized.load(Ordering::Relaxed));
+    outcomes.insert("forbidden", state.reports.forbidden.load(Ordering::Relaxed));
     outcomes.insert("error", state.reports.failed.load(Ordering::Relaxed));
     let body = crate::exposition::encode(&crate::exposition::Snapshot {
         node_states: state.engine.state_counts(),

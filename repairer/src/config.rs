@@ -26,6 +26,10 @@ pub struct RepairerConfig {
     /// Bearer token agents send with reports (or `agent_token_file`).
     pub agent_token: Option<String>,
     pub agent_token_file: Option<PathBuf>,
+    /// Per-node identity instead of the one agent token: the SHA-256 of each node's own token,
+    /// `NODE = "HEX"` lines (`fleetmend token issue` writes them), read again when the file
+    /// changes. A report for node X is then accepted only with X's token.
+    pub node_tokens_file: Option<PathBuf>,
     /// Bearer token of the admin API and the CLI (or `admin_token_file`).
     pub admin_token: Option<String>,
     pub admin_token_file: Option<PathBuf>,
@@ -73,6 +77,7 @@ impl Default for RepairerConfig {
             store: PathBuf::from("/var/lib/fleetmend/repairer.db"),
             agent_token: None,
             agent_token_file: None,
+            node_tokens_file: None,
             admin_token: None,
             admin_token_file: None,
             alerts_token: None,
@@ -143,13 +148,26 @@ impl RepairerConfig {
         if self.admin_token.is_some() && self.admin_token_file.is_some() {
             push("admin_token_file", "set either admin_token or admin_token_file, not both");
         }
-        let has_agent = self.agent_token.is_some() || self.agent_token_file.is_some();
+        let shared = self.agent_token.is_some() || self.agent_token_file.is_some();
+        if shared && self.node_tokens_file.is_some() {
+            push(
+                "node_tokens_file",
+                "set either node_tokens_file (a token per node) or agent_token(_file) (one for all), not both",
+            );
+        }
+        let has_agent = shared || self.node_tokens_file.is_some();
         let has_admin = self.admin_token.is_some() || self.admin_token_file.is_some();
         let open_to_the_network = !self.listen.ip().is_loopback() && !self.insecure;
         if open_to_the_network && !(has_agent && has_admin) {
             push(
                 "listen",
                 "a non-loopback address needs agent and admin tokens (or `insecure = true` for a lab)",
+            );
+        }
+        if open_to_the_network && self.node_tokens_file.is_some() && self.alerts_token.is_none() {
+            push(
+                "alerts_token",
+                "with node_tokens_file the inbound alert webhooks need a token of their own",
             );
         }
         if self.max_body_bytes < 1024 {

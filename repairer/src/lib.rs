@@ -11,6 +11,7 @@ pub mod commands;
 pub mod config;
 pub mod engine;
 pub mod exposition;
+pub mod identity;
 pub mod inbound;
 pub mod metrics;
 pub mod model;

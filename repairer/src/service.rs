@@ -43,6 +43,8 @@ pub enum ServiceError {
     Telemetry(#[from] crate::workflow::trace::TelemetryError),
     #[error(transparent)]
     Queue(#[from] crate::queue::QueueError),
+    #[error("node tokens: {0}")]
+    Identity(#[from] crate::identity::IdentityError),
 }
 
 /// A started repairer.
@@ -137,6 +139,10 @@ pub async fn start_given(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<Repairer, ServiceError> {
     let tokens = config.tokens()?;
+    let node_tokens = match &config.node_tokens_file {
+        Some(path) => Some(Arc::new(crate::identity::NodeTokens::load(path)?)),
+        None => None,
+    };
     make_store_folder(&config.store);
     let clock = given.clock;
     let store = Arc::new(Store::open(&config.store)?);
@@ -235,6 +241,7 @@ pub async fn start_given(
         queue: queue.clone(),
         alerts,
         tokens,
+        node_tokens,
         inbound: config.inbound.clone(),
         max_body_bytes: config.max_body_bytes,
         reports: Default::default(),

@@ -1012,3 +1012,68 @@ async fn a_malformed_alertmanager_webhook_is_refused_and_changes_nothing() {
     assert_eq!(serde_json::to_value(h.nodes().await).unwrap(), nodes_before);
     assert_eq!(h.events().await.len(), events_before);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_own_token_reports_for_it_alone_and_another_nodes_name_is_refused() {
+    let tokens = tempfile::tempdir().unwrap();
+    let hashes = tokens.path().join("node-tokens");
+    let nodes = ["n1".to_owned(), "n2".to_owned()];
+    let files = fleetmend_repairer::identity::issue(tokens.path(), &hashes, &nodes).unwrap();
+    let token = |i: usize| std::fs::read_to_string(&files[i]).unwrap().trim().to_owned();
+    let h = Harness::start(|c| {
+        c.node_tokens_file = Some(hashes.clone());
+        c.engine.report_interval = Duration::from_secs(3600);
+    })
+    .await;
+    for (i, node) in nodes.iter().enumerate() {
+        let body = report_json(node).to_string().into_bytes();
+        let (status, json) = post_raw(&h, "/v1/reports", body, Some(&token(i))).await;
+        assert_eq!(status, 200, "{node} with its own token: {json}");
+    }
+    let nodes_before = serde_json::to_value(h.nodes().await).unwrap();
+    let n2_events = h.events_of("n2").await.len();
+
+    // n1's token, a fatal report (and a command result) for n2: refused, n2 untouched.
+    let mut fatal = report_json("n2");
+    fatal["verdict"] = serde_json::json!("unhealthy");
+    fatal["findings"] = serde_json::json!([{
+        "check": "gpu", "finding": "xid", "subject": "GPU0", "status": "fail",
+        "action": "replace", "message": "Xid 79: fallen off the bus",
+    }]);
+    fatal["command_results"] = serde_json::json!([{
+        "id": "c-1", "kind": "deep-check", "ok": true, "message": "passed",
+        "finished_at_ms": 2,
+    }]);
+    let body = fatal.to_string().into_bytes();
+    let (status, json) = post_raw(&h, "/v1/reports", body.clone(), Some(&token(0))).await;
+    assert_eq!(status, 403, "{json}");
+    let error = error_of(&json);
+    assert!(error.contains("node n1's") && error.contains("for node n2"), "{error}");
+    // The shared token of old, or none, is no node's.
+    let (status, json) = post_raw(&h, "/v1/reports", body.clone(), Some("guess")).await;
+    assert_eq!((status, error_of(&json).contains("wrong bearer token")), (401, true), "{json}");
+    let (status, _) = post_raw(&h, "/v1/reports", body, None).await;
+    assert_eq!(status, 401);
+
+    assert_eq!(serde_json::to_value(h.nodes().await).unwrap(), nodes_before);
+    assert_eq!(h.events_of("n2").await.len(), n2_events, "nothing recorded for n2");
+    let text = h.metrics().await;
+    assert_eq!(reports_counter(&text, "forbidden"), Some(1.0), "{text}");
+    assert_eq!(reports_counter(&text, "unauthorized"), Some(2.0), "{text}");
+    assert_eq!(reports_counter(&text, "ok"), Some(2.0), "{text}");
+
+    // A node issued a new token: the old one stops at the next look at the file.
+    let old = token(0);
+    fleetmend_repairer::identity::issue(tokens.path(), &hashes, &nodes[..1]).unwrap();
+    let refused = async || {
+        let body = report_json("n1").to_string().into_bytes();
+        post_raw(&h, "/v1/reports", body, Some(&old)).await.0 == 401
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !refused().await {
+        assert!(std::time::Instant::now() < deadline, "the revoked token still reports");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let body = report_json("n1").to_string().into_bytes();
+    assert_eq!(post_raw(&h, "/v1/reports", body, Some(&token(0))).await.0, 200);
+}

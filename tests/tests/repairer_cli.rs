@@ -164,4 +164,31 @@ fn client_verbs_drive_a_real_repairer() {
     let (code, _, err) = cli(repairer_addr, ADMIN, &["node", "no-such-node", "--evidence"]);
     assert_eq!(code, Some(1));
     assert!(err.contains("404"), "{err}");
+
+    // The token from a file, off the command line; a missing file is a clear error.
+    let token_file = dir.path().join("admin.token");
+    std::fs::write(&token_file, format!("{ADMIN}\n")).unwrap();
+    let with_file = |file: &std::path::Path| {
+        run_with_timeout(
+            Command::new(fleetmend_bin())
+                .args(["nodes", "--token-file"])
+                .arg(file)
+                .env("FLEETMEND_REPAIRER", format!("http://{repairer_addr}"))
+                .env_remove("FLEETMEND_TOKEN"),
+            Duration::from_secs(20),
+        )
+    };
+    let output = with_file(&token_file);
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(table.lines().any(|l| l.starts_with("gpu-node-1")), "{table}");
+    let output = with_file(&dir.path().join("no-such.token"));
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{err}");
+    assert!(err.contains("reading the token file") && err.contains("no-such.token"), "{err}");
+
+    // The repairer's log went to a file: plain text, no terminal colour codes.
+    let log = repairer.stderr();
+    assert!(log.contains("repairer started"), "{log}");
+    assert!(!log.contains('\u{1b}'), "colour codes in a log file:\n{log:?}");
 }

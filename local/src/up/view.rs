@@ -122,7 +122,7 @@ impl View {
         }
         let _ = writeln!(
             text,
-            "try: FLEETMEND_REPAIRER={} FLEETMEND_TOKEN=$(cat {}) fleetmend nodes",
+            "try: FLEETMEND_REPAIRER={} FLEETMEND_TOKEN_FILE={} fleetmend nodes",
             fleet.repairer_url(),
             fleet.admin_token_file().display()
         );
