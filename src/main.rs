@@ -1,14 +1,14 @@
 //! `fleetmend`: one binary, many verbs. This file is wiring; the logic lives in the crates.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
-use clap::{Parser, Subcommand, ValueEnum};
-use fleetmend_agent::config::{AgentConfig, ConfigError, ConfigProblems};
-use fleetmend_agent::daemon;
-use fleetmend_agent::gpu::parse_backend;
-use fleetmend_proto::{Finding, Verdict};
-use fleetmend_repairer::scheduler::slurm::{SelfDrain, SelfDrainLimits, drain_self};
+use clap::{Parser, Subcommand};
+use fleetmend::{
+    AgentArgs, EXIT_CANNOT_RUN, LogFormat, Output, agent, check_config, colour_on_stderr,
+    init_logging,
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -22,12 +22,6 @@ struct Cli {
     log_format: LogFormat,
     #[command(subcommand)]
     verb: Verb,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -137,6 +131,10 @@ struct RepairerArgs {
     /// SQLite store path (overrides `store`).
     #[arg(long)]
     store: Option<PathBuf>,
+    /// Serve plain HTTP (and allow no tokens) on a non-loopback address: a lab, never
+    /// production (sets `insecure`).
+    #[arg(long)]
+    insecure: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -156,6 +154,19 @@ enum TokenVerb {
         #[arg(required = true)]
         nodes: Vec<String>,
     },
+    /// Write a new token for a person or tool to DIR/NAME.token (mode 0600) and print the
+    /// `[[credentials]]` entry (its SHA-256 and role) to add to the repairer's config.
+    New {
+        /// Who it is for: the audit trail names every action taken with it.
+        name: String,
+        /// What it may do: read (nodes, events, jobs, service discovery), operator (and drain,
+        /// undrain, repair, approve, the breaker, jobs), admin (everything).
+        #[arg(long, value_parser = ["read", "operator", "admin"])]
+        role: String,
+        /// Where the token file goes.
+        #[arg(long)]
+        dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -170,6 +181,10 @@ struct ClientArgs {
     /// The bearer token itself (prefer --token-file or FLEETMEND_TOKEN).
     #[arg(long, env = "FLEETMEND_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// PEM file of the CA(s) that signed an `https://` repairer's certificate (else the system's
+    /// roots).
+    #[arg(long, env = "FLEETMEND_CA_FILE")]
+    ca_file: Option<PathBuf>,
     /// Who you are, for the audit trail.
     #[arg(long, env = "USER", default_value = "admin")]
     user: String,
@@ -251,71 +266,6 @@ struct NodeArgs {
     name: String,
 }
 
-#[derive(Debug, clap::Args)]
-struct AgentArgs {
-    /// Config file (TOML). Without one the built-in defaults apply.
-    #[arg(long, short = 'c', env = "FLEETMEND_AGENT_CONFIG")]
-    config: Option<PathBuf>,
-    /// Validate FILE and exit: 0 valid, 2 with every problem listed.
-    #[arg(long, value_name = "FILE", conflicts_with = "config")]
-    check_config: Option<PathBuf>,
-    /// Run every check once, print the findings and exit: 0 healthy, 1 unhealthy, 2 could not run.
-    #[arg(long)]
-    once: bool,
-    /// Output of --once.
-    #[arg(long, value_enum, default_value_t = Output::Table, requires = "once")]
-    output: Output,
-    /// With --once, as Slurm's HealthCheckProgram or Prolog: when unhealthy, drain this node in
-    /// Slurm with the reason "fleetmend: <failing findings>" (a node already drained keeps its
-    /// reason). Exit 0 healthy, 1 unhealthy and drained, 2 could not run the checks, 3 unhealthy
-    /// but the drain failed. Slurm's commands come from PATH and use SLURM_CONF.
-    #[arg(long, requires = "once")]
-    slurm_drain: bool,
-    /// The Slurm node to drain (default: SLURMD_NODENAME, which slurmd sets for its health check,
-    /// prolog and epilog; else the agent's node name).
-    // SLURMD_NODENAME is read by hand: as a clap `env` it would count as this flag given, and a
-    // plain `--once` in a Prolog (or the daemon) would fail for want of --slurm-drain.
-    #[arg(long, value_name = "NAME", requires = "slurm_drain")]
-    slurm_node: Option<String>,
-    /// Node name (overrides `node`).
-    #[arg(long)]
-    node: Option<String>,
-    /// Listen address for /metrics, /healthz and /v1/health (overrides `listen`).
-    #[arg(long)]
-    listen: Option<std::net::SocketAddr>,
-    /// Repairer base URL to report to (overrides `report.repairer`).
-    #[arg(long, env = "FLEETMEND_REPAIRER")]
-    repairer: Option<String>,
-    /// sysfs mount point (overrides `paths.sysfs`).
-    #[arg(long = "path.sysfs", value_name = "PATH")]
-    path_sysfs: Option<PathBuf>,
-    /// procfs mount point (overrides `paths.procfs`).
-    #[arg(long = "path.procfs", value_name = "PATH")]
-    path_procfs: Option<PathBuf>,
-    /// Root filesystem that configured mounts are read under (overrides `paths.rootfs`).
-    #[arg(long = "path.rootfs", value_name = "PATH")]
-    path_rootfs: Option<PathBuf>,
-    /// Kernel log to follow: /dev/kmsg or a plain file (overrides `paths.kmsg`).
-    #[arg(long, value_name = "PATH")]
-    kmsg: Option<PathBuf>,
-    /// GPU backend: nvml, nvml:LIBRARY, fixture:FILE or none (overrides `checks.gpu.backend`).
-    #[arg(long, value_name = "BACKEND")]
-    gpu: Option<String>,
-    /// Print what the GPU backend reads now as fixture JSON and exit (to keep a real GPU's
-    /// readings as a test fixture).
-    #[arg(long, conflicts_with_all = ["once", "check_config"])]
-    dump_gpu: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Output {
-    Table,
-    Json,
-}
-
-/// Exit code for "could not run": bad config, cannot listen.
-const EXIT_CANNOT_RUN: u8 = 2;
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // `fleetmend up` on a terminal moves its own stderr into up.log once it starts: its log is
@@ -336,7 +286,27 @@ fn main() -> ExitCode {
 }
 
 fn token(verb: TokenVerb) -> ExitCode {
-    let TokenVerb::Issue { dir, hashes, nodes } = verb;
+    let (dir, hashes, nodes) = match verb {
+        TokenVerb::Issue { dir, hashes, nodes } => (dir, hashes, nodes),
+        TokenVerb::New { name, role, dir } => {
+            return match fleetmend_repairer::identity::issue_credential(&dir, &name) {
+                Ok((file, sha256)) => {
+                    println!(
+                        "[[credentials]]\nname = {name:?}\nrole = {role:?}\nsha256 = \"{sha256}\""
+                    );
+                    eprintln!(
+                        "token written to {}; add the entry above to the repairer's config",
+                        file.display()
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(err) => {
+                    eprintln!("fleetmend token new: {err}");
+                    ExitCode::from(EXIT_CANNOT_RUN)
+                }
+            };
+        }
+    };
     match fleetmend_repairer::identity::issue(&dir, &hashes, &nodes) {
         Ok(files) => {
             for (node, file) in nodes.iter().zip(&files) {
@@ -359,23 +329,6 @@ fn multi_thread_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
             ExitCode::from(EXIT_CANNOT_RUN)
         },
     )
-}
-
-/// `--check-config FILE`: "FILE: valid" and 0, or every problem and [`EXIT_CANNOT_RUN`].
-fn check_config<T, E: std::fmt::Display>(
-    path: &Path,
-    load: impl FnOnce(&Path) -> Result<T, E>,
-) -> ExitCode {
-    match load(path) {
-        Ok(_) => {
-            println!("{}: valid", path.display());
-            ExitCode::SUCCESS
-        }
-        Err(err) => {
-            eprintln!("{err}");
-            ExitCode::from(EXIT_CANNOT_RUN)
-        }
-    }
 }
 
 fn repairer(args: RepairerArgs) -> ExitCode {
@@ -406,6 +359,7 @@ fn repairer(args: RepairerArgs) -> ExitCode {
     if let Some(store) = &args.store {
         config.store = store.clone();
     }
+    config.insecure |= args.insecure;
     let config = match config.validated(&source) {
         Ok(config) => config,
         Err(err) => {
@@ -503,10 +457,10 @@ fn client(verb: Verb) -> ExitCode {
         },
         None => args.token.clone(),
     };
+    let ca = args.ca_file.as_deref();
     let result: Result<String, String> = runtime.block_on(async {
-        let client =
-            Client::new(&args.repairer, token, &args.user, std::time::Duration::from_secs(30))
-                .map_err(|e| e.to_string())?;
+        let client = Client::new(&args.repairer, token, &args.user, Duration::from_secs(30), ca)
+            .map_err(|e| e.to_string())?;
         let format = match args.output {
             Output::Table => Format::Table,
             Output::Json => Format::Json,
@@ -559,166 +513,5 @@ fn client(verb: Verb) -> ExitCode {
             eprintln!("fleetmend: {err}");
             ExitCode::FAILURE
         }
-    }
-}
-
-fn agent(args: AgentArgs) -> ExitCode {
-    if let Some(path) = &args.check_config {
-        return check_config(path, AgentConfig::load);
-    }
-    let config = match agent_config(&args) {
-        Ok(config) => config,
-        Err(err) => {
-            eprintln!("{err}");
-            return ExitCode::from(EXIT_CANNOT_RUN);
-        }
-    };
-    if args.dump_gpu {
-        return match fleetmend_agent::gpu::dump_snapshot(&config.checks.gpu.backend) {
-            Ok(json) => {
-                print!("{json}");
-                ExitCode::SUCCESS
-            }
-            Err(err) => {
-                eprintln!("reading the GPUs: {err}");
-                ExitCode::from(EXIT_CANNOT_RUN)
-            }
-        };
-    }
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        // Each check holds at most one worker (a stuck one is not restarted), so this bounds threads.
-        .max_blocking_threads(16)
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("starting the runtime: {err}");
-            return ExitCode::from(EXIT_CANNOT_RUN);
-        }
-    };
-    if args.once {
-        let view = runtime.block_on(daemon::once(&config));
-        match args.output {
-            Output::Table => print!("{}", daemon::render_table(&view)),
-            Output::Json => match serde_json::to_string_pretty(&view) {
-                Ok(json) => println!("{json}"),
-                Err(err) => {
-                    eprintln!("encoding the findings: {err}");
-                    return ExitCode::from(EXIT_CANNOT_RUN);
-                }
-            },
-        }
-        let code = if args.slurm_drain && view.verdict == Verdict::Unhealthy {
-            let node = args
-                .slurm_node
-                .clone()
-                .or_else(|| std::env::var("SLURMD_NODENAME").ok().filter(|n| !n.is_empty()))
-                .unwrap_or_else(|| view.node.clone());
-            runtime.block_on(slurm_drain_self(&node, &view.findings))
-        } else {
-            ExitCode::from(daemon::exit_code(view.verdict) as u8)
-        };
-        // Leave stuck check workers behind instead of waiting for them at shutdown.
-        runtime.shutdown_background();
-        return code;
-    }
-    let result = runtime.block_on(async {
-        let agent = daemon::start(config).await?;
-        agent.wait().await
-    });
-    runtime.shutdown_background();
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("fleetmend agent: {err}");
-            ExitCode::from(EXIT_CANNOT_RUN)
-        }
-    }
-}
-
-/// `--once --slurm-drain`'s exit code when the node is unhealthy but could not be drained: a
-/// Prolog that passes it on makes Slurm drain the node itself and requeue the job.
-const EXIT_DRAIN_FAILED: u8 = 3;
-
-/// Drains `node` in Slurm because of the failing `findings` and says so on stderr.
-async fn slurm_drain_self(node: &str, findings: &[Finding]) -> ExitCode {
-    let outcome = drain_self(node, findings, SelfDrainLimits::default()).await;
-    match &outcome {
-        SelfDrain::Drained { .. } | SelfDrain::AlreadyDrained { .. } => eprintln!("{outcome}"),
-        SelfDrain::NotANodeName { .. } => {
-            eprintln!("fleetmend agent: --slurm-node/SLURMD_NODENAME {outcome}")
-        }
-        SelfDrain::Failed { .. } | SelfDrain::TimedOut { .. } => {
-            eprintln!("fleetmend agent: {outcome}")
-        }
-    }
-    if outcome.is_drained() {
-        ExitCode::from(daemon::exit_code(Verdict::Unhealthy) as u8)
-    } else {
-        ExitCode::from(EXIT_DRAIN_FAILED)
-    }
-}
-
-/// The config file (or defaults) with the flags applied, validated.
-fn agent_config(args: &AgentArgs) -> Result<AgentConfig, ConfigError> {
-    let (mut config, source) = match &args.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|source| ConfigError::Read { path: path.clone(), source })?;
-            let config = AgentConfig::parse(&text)
-                .map_err(|message| ConfigError::Parse { path: path.clone(), message })?;
-            (config, path.clone())
-        }
-        None => (AgentConfig::default(), PathBuf::from("<defaults and flags>")),
-    };
-    if let Some(node) = &args.node {
-        config.node = Some(node.clone());
-    }
-    if let Some(listen) = args.listen {
-        config.listen = listen;
-    }
-    if let Some(repairer) = &args.repairer {
-        config.report.repairer = Some(repairer.clone());
-    }
-    if let Some(path) = &args.path_sysfs {
-        config.paths.sysfs = path.clone();
-    }
-    if let Some(path) = &args.path_procfs {
-        config.paths.procfs = path.clone();
-    }
-    if let Some(path) = &args.path_rootfs {
-        config.paths.rootfs = path.clone();
-    }
-    if let Some(path) = &args.kmsg {
-        config.paths.kmsg = path.clone();
-    }
-    if let Some(gpu) = &args.gpu {
-        config.checks.gpu.backend = parse_backend(gpu).map_err(|message| {
-            let mut problems = ConfigProblems::default();
-            problems.push("--gpu", message);
-            ConfigError::Invalid { path: source.clone(), problems }
-        })?;
-    }
-    config.validated(&source)
-}
-
-/// Colour codes only for a person at a terminal: a log file, a pipe or the journal gets plain
-/// text, and `NO_COLOR` (https://no-color.org) turns them off everywhere.
-fn colour_on_stderr() -> bool {
-    use std::io::IsTerminal;
-    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
-}
-
-fn init_logging(format: LogFormat, ansi: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("FLEETMEND_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
     }
 }

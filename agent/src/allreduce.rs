@@ -71,6 +71,12 @@ impl AllreduceRunner {
         }
         let exe = std::env::current_exe()
             .map_err(|err| format!("finding this agent's own binary for the probe: {err}"))?;
+        // The lean `fleetmend-agent` has no collective in it: the probe is the `fleetmend`
+        // installed beside it (the package puts both in /usr/bin).
+        let exe = match exe.file_name().and_then(|n| n.to_str()) {
+            Some("fleetmend-agent") => exe.with_file_name("fleetmend"),
+            _ => exe,
+        };
         Ok(vec![exe.display().to_string(), "allreduce".to_owned()])
     }
 }

@@ -113,6 +113,9 @@ pub struct ReportConfig {
     pub token: Option<String>,
     /// File holding the bearer token (read at start; surrounding white space ignored).
     pub token_file: Option<PathBuf>,
+    /// PEM file of the CA(s) that signed the repairer's certificate, for an `https://` repairer:
+    /// trusted instead of the system's roots.
+    pub ca_file: Option<PathBuf>,
     /// First retry delay while the repairer is away; doubles per failure.
     #[serde(with = "humantime_serde")]
     pub backoff_initial: Duration,
@@ -129,6 +132,7 @@ impl Default for ReportConfig {
             timeout: Duration::from_secs(5),
             token: None,
             token_file: None,
+            ca_file: None,
             backoff_initial: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
         }

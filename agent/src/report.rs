@@ -27,7 +27,9 @@ pub enum ReportError {
     Client(#[source] reqwest::Error),
     #[error("reading the report token from {path}: {source}")]
     Token { path: std::path::PathBuf, source: std::io::Error },
-    #[error("sending the report to {url}: {source}")]
+    #[error("reading the repairer's CA file {path}: {message}")]
+    Ca { path: std::path::PathBuf, message: String },
+    #[error("sending the report to {url}: {}", fleetmend_proto::error_chain(source))]
     Send { url: String, source: reqwest::Error },
     #[error("the repairer at {url} refused the report: HTTP {status}: {body}")]
     Refused { url: String, status: u16, body: String },
@@ -66,12 +68,21 @@ impl Reporter {
         // reqwest is built without a bundled crypto provider; install ring once per process. A
         // second install fails harmlessly when another component did it first.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let client = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .timeout(config.timeout)
             .connect_timeout(config.timeout)
-            .user_agent(concat!("fleetmend-agent/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(ReportError::Client)?;
+            .user_agent(concat!("fleetmend-agent/", env!("CARGO_PKG_VERSION")));
+        if let Some(path) = &config.ca_file {
+            let ca = |message: String| ReportError::Ca { path: path.clone(), message };
+            let pem = std::fs::read(path).map_err(|e| ca(e.to_string()))?;
+            let roots =
+                reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| ca(e.to_string()))?;
+            if roots.is_empty() {
+                return Err(ca("no certificate in it".to_owned()));
+            }
+            builder = builder.tls_certs_only(roots);
+        }
+        let client = builder.build().map_err(ReportError::Client)?;
         Ok(Some(Reporter {
             client,
             url: format!("{}/v1/reports", base.trim_end_matches('/')),

@@ -457,6 +457,22 @@ pub struct HealthView {
     pub findings: Vec<Finding>,
 }
 
+/// `err` and each error it was caused by, joined with ": ", so that the one line a log or a
+/// person gets says why (an HTTP client's "error sending request" alone names no certificate).
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let line = cause.to_string();
+        if !text.contains(&line) {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,7 +16,9 @@ use crate::workflow::KeptEvidence;
 pub enum ClientError {
     #[error("building the HTTP client: {0}")]
     Build(#[source] reqwest::Error),
-    #[error("{method} {url}: {source}")]
+    #[error("reading the CA file {path}: {message}")]
+    Ca { path: std::path::PathBuf, message: String },
+    #[error("{method} {url}: {}", fleetmend_proto::error_chain(source))]
     Send { method: &'static str, url: String, source: reqwest::Error },
     #[error("{method} {url}: HTTP {status}: {message}")]
     Refused { method: &'static str, url: String, status: u16, message: String },
@@ -34,15 +36,28 @@ pub struct Client {
 }
 
 impl Client {
+    /// A client of the repairer at `base`; an `https://` one is verified against the CA(s) in
+    /// `ca_file` when given (else the system's roots).
     pub fn new(
         base: &str,
         token: Option<String>,
         user: &str,
         timeout: Duration,
+        ca_file: Option<&std::path::Path>,
     ) -> Result<Client, ClientError> {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let http =
-            reqwest::Client::builder().timeout(timeout).build().map_err(ClientError::Build)?;
+        let mut builder = reqwest::Client::builder().timeout(timeout);
+        if let Some(path) = ca_file {
+            let ca = |message: String| ClientError::Ca { path: path.to_owned(), message };
+            let pem = std::fs::read(path).map_err(|e| ca(e.to_string()))?;
+            let roots =
+                reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| ca(e.to_string()))?;
+            if roots.is_empty() {
+                return Err(ca("no certificate in it".to_owned()));
+            }
+            builder = builder.tls_certs_only(roots);
+        }
+        let http = builder.build().map_err(ClientError::Build)?;
         Ok(Client {
             http,
             base: base.trim_end_matches('/').to_owned(),

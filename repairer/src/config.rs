@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::access::{Credential, Role};
 use crate::alerts::AlertsConfig;
 use crate::allreduce::AllreduceConfig;
 use crate::engine::EngineConfig;
@@ -19,8 +20,12 @@ pub use crate::workflow::trace::TelemetryConfig;
 pub struct RepairerConfig {
     /// Address of the API, the agents' report endpoint, the alert webhooks and `/metrics`.
     pub listen: SocketAddr,
-    /// Allow listening on a non-loopback address without tokens (a lab; never production).
+    /// Allow listening on a non-loopback address without TLS or tokens (a lab; never
+    /// production); said at start. `fleetmend repairer --insecure` sets it.
     pub insecure: bool,
+    /// TLS on the listener (`[tls] cert`, `key`): required on a non-loopback address unless
+    /// `insecure`.
+    pub tls: Option<crate::tls::TlsConfig>,
     /// The SQLite store (created if missing).
     pub store: PathBuf,
     /// Bearer token agents send with reports (or `agent_token_file`).
@@ -33,6 +38,10 @@ pub struct RepairerConfig {
     /// Bearer token of the admin API and the CLI (or `admin_token_file`).
     pub admin_token: Option<String>,
     pub admin_token_file: Option<PathBuf>,
+    /// People's and tools' named credentials, each with a role (`read`, `operator`, `admin`):
+    /// the audit trail names the credential that acted. `admin_token` is one more, named
+    /// `admin` (the `x-fleetmend-user` header may name the person using it).
+    pub credentials: Vec<crate::access::CredentialConfig>,
     /// Token accepted by the inbound alert webhooks, as a bearer token or as `?token=` (SNS cannot
     /// send headers). Default: the agent token.
     pub alerts_token: Option<String>,
@@ -74,12 +83,14 @@ impl Default for RepairerConfig {
         RepairerConfig {
             listen: SocketAddr::from(([0, 0, 0, 0], 9830)),
             insecure: false,
+            tls: None,
             store: PathBuf::from("/var/lib/fleetmend/repairer.db"),
             agent_token: None,
             agent_token_file: None,
             node_tokens_file: None,
             admin_token: None,
             admin_token_file: None,
+            credentials: Vec::new(),
             alerts_token: None,
             max_body_bytes: 1 << 20,
             scheduler: SchedulerKind::Embedded,
@@ -111,8 +122,11 @@ pub enum RepairerConfigError {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Tokens {
     pub agent: Option<String>,
+    /// `admin_token`, which is also among `people` (named `admin`).
     pub admin: Option<String>,
     pub alerts: Option<String>,
+    /// Every person's or tool's credential (`[[credentials]]` and `admin_token`).
+    pub people: Vec<crate::access::Credential>,
 }
 
 impl RepairerConfig {
@@ -156,19 +170,46 @@ impl RepairerConfig {
             );
         }
         let has_agent = shared || self.node_tokens_file.is_some();
-        let has_admin = self.admin_token.is_some() || self.admin_token_file.is_some();
+        let has_admin = self.admin_token.is_some()
+            || self.admin_token_file.is_some()
+            || !self.credentials.is_empty();
         let open_to_the_network = !self.listen.ip().is_loopback() && !self.insecure;
         if open_to_the_network && !(has_agent && has_admin) {
             push(
                 "listen",
-                "a non-loopback address needs agent and admin tokens (or `insecure = true` for a lab)",
+                "a non-loopback address needs agent tokens and people's credentials (admin_token or [[credentials]]; or `insecure = true` for a lab)",
             );
+        }
+        if open_to_the_network && self.tls.is_none() {
+            push(
+                "listen",
+                "a non-loopback address needs TLS ([tls] cert and key; or `insecure = true` / --insecure for plain HTTP in a lab)",
+            );
+        }
+        if self.tls.as_ref().is_some_and(|t| t.handshake_timeout.is_zero()) {
+            push("tls.handshake_timeout", "must be greater than zero");
         }
         if open_to_the_network && self.node_tokens_file.is_some() && self.alerts_token.is_none() {
             push(
                 "alerts_token",
                 "with node_tokens_file the inbound alert webhooks need a token of their own",
             );
+        }
+        let mut names = std::collections::BTreeSet::new();
+        let mut credential_problems = Vec::new();
+        for (i, credential) in self.credentials.iter().enumerate() {
+            credential_problems.extend(credential.problems(i));
+            let taken = (self.admin_token.is_some() || self.admin_token_file.is_some())
+                && credential.name == "admin";
+            if !names.insert(credential.name.as_str()) || taken {
+                credential_problems.push((
+                    format!("credentials[{i}].name"),
+                    format!(
+                        "{:?} is named twice (admin_token is named \"admin\")",
+                        credential.name
+                    ),
+                ));
+            }
         }
         if self.max_body_bytes < 1024 {
             push("max_body_bytes", "must be at least 1024");
@@ -211,6 +252,7 @@ impl RepairerConfig {
                 "must be greater than zero".to_owned(),
             ));
         }
+        problems.extend(credential_problems);
         problems
     }
 
@@ -230,7 +272,21 @@ impl RepairerConfig {
         let agent = read(&self.agent_token, &self.agent_token_file)?;
         let admin = read(&self.admin_token, &self.admin_token_file)?;
         let alerts = self.alerts_token.clone().or_else(|| agent.clone());
-        Ok(Tokens { agent, admin, alerts })
+        let mut people = Vec::new();
+        if let Some(token) = &admin {
+            people.push(Credential::from_token("admin", Role::Admin, token));
+        }
+        for entry in &self.credentials {
+            let sha256 = match (&entry.sha256, &entry.token_file) {
+                (Some(digest), _) => digest.to_ascii_lowercase(),
+                (None, file) => match read(&None, file)? {
+                    Some(token) => crate::identity::hash(&token),
+                    None => continue,
+                },
+            };
+            people.push(Credential { name: entry.name.clone(), role: entry.role, sha256 });
+        }
+        Ok(Tokens { agent, admin, alerts, people })
     }
 }
 
@@ -241,12 +297,19 @@ mod tests {
     #[test]
     fn defaults_need_tokens_off_loopback() {
         let config = RepairerConfig::parse("").unwrap();
-        let fields: Vec<String> = config.problems().into_iter().map(|p| p.0).collect();
-        assert_eq!(fields, ["listen"]);
+        let problems = config.problems();
+        let fields: Vec<&str> = problems.iter().map(|p| p.0.as_str()).collect();
+        assert_eq!(fields, ["listen", "listen"], "{problems:?}");
+        assert!(problems[0].1.contains("credentials") && problems[1].1.contains("TLS"));
+        let insecure = RepairerConfig::parse("insecure = true").unwrap();
+        assert!(insecure.problems().is_empty(), "{:?}", insecure.problems());
         let config = RepairerConfig::parse("listen = \"127.0.0.1:9830\"").unwrap();
         assert!(config.problems().is_empty(), "{:?}", config.problems());
-        let config = RepairerConfig::parse("agent_token = \"a\"\nadmin_token = \"b\"").unwrap();
-        assert!(config.problems().is_empty());
+        let config = RepairerConfig::parse(
+            "agent_token = \"a\"\nadmin_token = \"b\"\n[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"",
+        )
+        .unwrap();
+        assert!(config.problems().is_empty(), "{:?}", config.problems());
     }
 
     #[test]
@@ -271,7 +334,10 @@ mod tests {
 
     #[test]
     fn the_embedded_queue_is_the_default_and_names_this_host_on_an_unspecified_address() {
-        let config = RepairerConfig::parse("agent_token = \"a\"\nadmin_token = \"b\"").unwrap();
+        let config = RepairerConfig::parse(
+            "agent_token = \"a\"\nadmin_token = \"b\"\n[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"",
+        )
+        .unwrap();
         assert_eq!(config.scheduler, SchedulerKind::Embedded);
         assert!(config.problems().is_empty(), "{:?}", config.problems());
         let any: std::net::SocketAddr = "0.0.0.0:9830".parse().unwrap();

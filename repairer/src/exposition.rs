@@ -21,6 +21,8 @@ pub struct Snapshot<'a> {
     pub alerts: Option<&'a Alerts>,
     /// Agent reports received, by outcome.
     pub reports: &'a BTreeMap<&'a str, u64>,
+    /// Other requests refused for their credential, by status (401, 403).
+    pub refused: &'a [(&'a str, u64)],
     /// The embedded queue's figures, when it runs.
     pub queue: Option<QueueMetrics>,
 }
@@ -93,7 +95,15 @@ pub fn encode(snapshot: &Snapshot<'_>) -> String {
     for (outcome, count) in snapshot.reports {
         push_counter(&mut received, &[("outcome", outcome)], *count as f64);
     }
-    families.extend([sent, received]);
+    let mut refused = family(
+        API_REFUSED,
+        "API requests other than reports refused for their credential, by status (401 none or unknown, 403 not allowed).",
+        MetricType::COUNTER,
+    );
+    for (status, count) in snapshot.refused {
+        push_counter(&mut refused, &[("status", status)], *count as f64);
+    }
+    families.extend([sent, received, refused]);
 
     if let Some(queue) = &snapshot.queue {
         families.extend(queue_families(queue));

@@ -29,6 +29,8 @@ pub enum IdentityError {
     Write { path: PathBuf, source: std::io::Error },
     #[error("{0:?} is not a node name (letters, digits, - . _; at most 253)")]
     BadNode(String),
+    #[error("{0:?} is not a credential name (1 to 64 of A-Z a-z 0-9 . _ - @)")]
+    BadName(String),
 }
 
 /// Whether `name` is a node name the repairer accepts in a report.
@@ -36,6 +38,12 @@ pub fn is_node_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 253
         && name.chars().all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
+}
+
+/// Whether `name` can name a person's or tool's credential (`[[credentials]]`).
+pub fn is_credential_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '@'))
 }
 
 /// The SHA-256 of `token`, in lower-case hex: what the hashes file holds.
@@ -155,6 +163,20 @@ pub fn issue(dir: &Path, hashes: &Path, nodes: &[String]) -> Result<Vec<PathBuf>
     std::fs::rename(&temporary, hashes)
         .map_err(|source| IdentityError::Write { path: hashes.to_owned(), source })?;
     Ok(written)
+}
+
+/// Issues a person's or tool's token: writes `<dir>/<name>.token` (mode 0600) and returns the
+/// file and the token's SHA-256, for the repairer's `[[credentials]]` entry.
+pub fn issue_credential(dir: &Path, name: &str) -> Result<(PathBuf, String), IdentityError> {
+    if !is_credential_name(name) {
+        return Err(IdentityError::BadName(name.to_owned()));
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|source| IdentityError::Write { path: dir.to_owned(), source })?;
+    let token = random_token()?;
+    let path = dir.join(format!("{name}.token"));
+    write_private(&path, format!("{token}\n").as_bytes())?;
+    Ok((path, hash(&token)))
 }
 
 /// A token from the kernel's random source; none is issued without it.

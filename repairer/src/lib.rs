@@ -1,6 +1,7 @@
 //! The fleetmend repairer: turns the agents' findings into repairs with no person in the loop,
 //! behind guard rails that keep a bad day from getting worse.
 
+pub mod access;
 pub mod alerts;
 pub mod allreduce;
 pub mod api;
@@ -24,4 +25,5 @@ pub mod queue;
 pub mod scheduler;
 pub mod service;
 pub mod store;
+pub mod tls;
 pub mod workflow;

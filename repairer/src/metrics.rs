@@ -21,6 +21,7 @@ pub const TIME_TO_DRAIN: &str = "fleetmend_time_to_drain_seconds";
 pub const TIME_TO_REPAIR: &str = "fleetmend_time_to_repair_seconds";
 pub const ALERTS_SENT: &str = "fleetmend_alerts_sent_total";
 pub const REPORTS_RECEIVED: &str = "fleetmend_reports_received_total";
+pub const API_REFUSED: &str = "fleetmend_api_refused_total";
 /// Jobs of the embedded queue by state.
 pub const JOBS: &str = "fleetmend_jobs";
 pub const JOB_RESTARTS: &str = "fleetmend_job_restarts_total";
@@ -306,6 +307,7 @@ mod tests {
             metrics,
             alerts: None,
             reports: &reports,
+            refused: &[("401", 2)],
             queue: None,
         })
     }
@@ -386,7 +388,7 @@ mod tests {
             assert!(sample(&text, &series).is_some(), "{series} in:\n{text}");
         }
         // Each family once: the registry's and the scrape-time ones never overlap.
-        assert_eq!(text.matches("# TYPE ").count(), 10, "{text}");
+        assert_eq!(text.matches("# TYPE ").count(), 11, "{text}");
         // Reports the engine took in are counted by the API's outcome series, not twice.
         assert!(!text.contains("fleetmend_engine_reports_ok_total"), "{text}");
 

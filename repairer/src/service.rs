@@ -45,6 +45,8 @@ pub enum ServiceError {
     Queue(#[from] crate::queue::QueueError),
     #[error("node tokens: {0}")]
     Identity(#[from] crate::identity::IdentityError),
+    #[error("TLS: {0}")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// A started repairer.
@@ -245,17 +247,53 @@ pub async fn start_given(
         inbound: config.inbound.clone(),
         max_body_bytes: config.max_body_bytes,
         reports: Default::default(),
+        refused: Default::default(),
         subscriptions: Mutex::new(Vec::new()),
     });
     let app = api::router(state);
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(ServiceError::Serve)
-    });
-    tracing::info!(listen = %local_addr, mode = config.policy.mode.as_str(), store = %config.store.display(), "repairer started");
+    let server = serve(listener, app, &config, shutdown)?;
+    let scheme = if config.tls.is_some() { "https" } else { "http" };
+    tracing::info!(listen = %local_addr, scheme, mode = config.policy.mode.as_str(), store = %config.store.display(), "repairer started");
     Ok(Repairer { engine, scheduler, local_addr, tracer, queue, server, spares })
+}
+
+/// Serves `app` on `listener`, over TLS with `[tls]`'s certificate (read again on SIGHUP and when
+/// its files change).
+fn serve(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    config: &RepairerConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<tokio::task::JoinHandle<Result<(), ServiceError>>, ServiceError> {
+    let certificates = match &config.tls {
+        Some(tls) => Some(crate::tls::Certificates::load(tls)?),
+        None => None,
+    };
+    let plain_off_loopback = listener.local_addr().is_ok_and(|a| !a.ip().is_loopback());
+    if certificates.is_none() && plain_off_loopback {
+        tracing::warn!(listen = %config.listen, "insecure: plain HTTP on a non-loopback address, tokens and reports travel in the clear (a lab only)");
+    }
+    Ok(match certificates {
+        Some(certificates) => {
+            let tls = certificates.server_config();
+            certificates.watch();
+            let timeout = config.tls.as_ref().map(|t| t.handshake_timeout).unwrap_or_default();
+            let listener = crate::tls::TlsListener::new(listener, tls, timeout)
+                .map_err(|source| ServiceError::Listen { addr: config.listen, source })?;
+            tokio::spawn(async move {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown)
+                    .await
+                    .map_err(ServiceError::Serve)
+            })
+        }
+        None => tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await
+                .map_err(ServiceError::Serve)
+        }),
+    })
 }
 
 /// Starts the alerts' delivery, where sinks are configured, woken by every event appended.

@@ -772,3 +772,42 @@ async fn time_lost_to_a_straggler_and_to_a_hang_is_split_from_productive_time() 
         assert!(metrics.lines().any(|l| l == line), "no {line:?} in:\n{metrics}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ranks_token_posts_for_that_rank_alone() {
+    let c = Cluster::start(|_| {}).await;
+    let agents = c.fleet(&["n1", "n2"]).await;
+    let job = c.submit(spec("pair", 2, 0, 0)).await;
+    c.wait_state(&job, JobState::Running, 0).await;
+    let runs = runs_of(&agents, &job, 0);
+    let (rank0, rank1) = (&runs[0].1, &runs[1].1);
+    let token = |run: &RunRank| run.env[fleetmend_proto::jobs::PROGRESS_TOKEN_VAR].clone();
+    assert_ne!(token(rank0), token(rank1), "each rank has a token of its own");
+
+    // Rank 0's token (on n1) posting rank 1's progress (n2's rank): refused, nothing changed.
+    let response = c
+        .client
+        .post(&rank1.env[fleetmend_proto::jobs::PROGRESS_URL_VAR])
+        .bearer_auth(token(rank0))
+        .json(&progress(rank1, 7, 0, None))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 403);
+    let error = response.text().await.unwrap();
+    assert!(error.contains("rank 0's") && error.contains("for rank 1"), "{error}");
+    let ranks = c.job(&job).await.job.ranks;
+    assert!(ranks.iter().all(|r| r.progress.is_none()), "a refused post changes nothing");
+    // The same rank of a later attempt (placed anew) is another rank too.
+    let mut later = progress(rank0, 7, 0, None);
+    later.attempt = 1;
+    assert_eq!(post_progress(&c.client, rank0, &later, None).await.0, 403);
+
+    for run in [rank0, rank1] {
+        assert_eq!(post_progress(&c.client, run, &progress(run, 7, 0, None), None).await.0, 200);
+    }
+    assert_eq!(c.job(&job).await.step, Some(7));
+    let metrics = c.client.get(format!("{}/metrics", c.base)).send().await.unwrap();
+    let metrics = metrics.text().await.unwrap();
+    assert!(metrics.contains("fleetmend_api_refused_total{status=\"403\"} 2"), "{metrics}");
+}

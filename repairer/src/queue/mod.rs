@@ -66,6 +66,11 @@ pub enum QueueError {
     Conflict { job: String, message: String },
     #[error("progress of job {job}: wrong or missing bearer token")]
     Unauthorized { job: String },
+    /// A rank's token on a post for another rank or attempt: each rank speaks for itself only.
+    #[error(
+        "progress of job {job}: this token is rank {token_rank}'s of attempt {token_attempt}: it may not post for rank {rank} of attempt {attempt}"
+    )]
+    OtherRank { job: String, token_attempt: u32, token_rank: u32, attempt: u32, rank: u32 },
     #[error("progress of job {job}: {message}")]
     BadProgress { job: String, message: String },
     #[error("job {job}: {source}")]
@@ -181,7 +186,38 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// A random token for a job's progress posts.
+/// Rank `rank`'s token for its progress posts in `attempt`: `ATTEMPT.RANK.MAC`, the MAC an
+/// HMAC-SHA256 under the job's secret. The repairer keeps only the secret; a rank's token is
+/// handed to that rank alone (in its `run-rank` command, on its node), so a post for another rank
+/// — or for the same rank of an attempt placed on another node — is refused.
+pub fn rank_token(secret: &str, attempt: u32, rank: u32) -> String {
+    format!("{attempt}.{rank}.{}", rank_mac(secret, attempt, rank))
+}
+
+fn rank_mac(secret: &str, attempt: u32, rank: u32) -> String {
+    use hmac::{KeyInit, Mac};
+    // HMAC takes a key of any length, so this cannot fail; a secret of old (empty) still gets a
+    // MAC nobody else can make without it.
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes())
+        .unwrap_or_else(|_| hmac::Hmac::<sha2::Sha256>::new(&Default::default()));
+    mac.update(format!("fleetmend rank progress {attempt}.{rank}").as_bytes());
+    hex::encode(mac.finalize().into_bytes())
+}
+
+/// The (attempt, rank) a rank token of `secret` stands for, or `None` for any other string.
+fn rank_of_token(secret: &str, token: &str) -> Option<(u32, u32)> {
+    if secret.is_empty() {
+        return None;
+    }
+    let mut parts = token.splitn(3, '.');
+    let attempt = parts.next()?.parse().ok()?;
+    let rank = parts.next()?.parse().ok()?;
+    let mac = parts.next()?;
+    constant_time_eq(mac.as_bytes(), rank_mac(secret, attempt, rank).as_bytes())
+        .then_some((attempt, rank))
+}
+
+/// A random secret for a job's progress tokens.
 fn random_token() -> String {
     let mut bytes = [0u8; 24];
     let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
@@ -369,17 +405,14 @@ impl JobQueue {
         Ok(view)
     }
 
-    /// Whether `token` is job `id`'s progress token (checked before a body is judged, so a
-    /// stranger learns nothing from its errors).
-    pub fn check_token(&self, id: &str, token: Option<&str>) -> Result<(), QueueError> {
+    /// Which rank of which attempt `token` belongs to, if it is one of job `id`'s rank tokens
+    /// (checked before a body is judged, so a stranger learns nothing from its errors).
+    pub fn check_token(&self, id: &str, token: Option<&str>) -> Result<(u32, u32), QueueError> {
         let state = self.lock();
         let job = state.jobs.get(id).ok_or_else(|| QueueError::UnknownJob(id.to_owned()))?;
-        match token {
-            Some(token) if constant_time_eq(token.as_bytes(), job.progress_token.as_bytes()) => {
-                Ok(())
-            }
-            _ => Err(QueueError::Unauthorized { job: id.to_owned() }),
-        }
+        token
+            .and_then(|token| rank_of_token(&job.progress_token, token))
+            .ok_or_else(|| QueueError::Unauthorized { job: id.to_owned() })
     }
 
     /// What the queue's events say about a job: `job <id> (<name>) attempt <n>: <what>`.

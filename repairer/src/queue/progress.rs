@@ -7,7 +7,7 @@ use fleetmend_proto::{Progress, ProgressReply};
 
 use super::{
     CheckpointEvery, Job, JobFigures, JobQueue, JobState, QueueError, QueueMetrics, QueueState,
-    constant_time_eq, interval, job, reindex,
+    interval, job, rank_of_token, reindex,
 };
 
 impl JobQueue {
@@ -21,9 +21,19 @@ impl JobQueue {
         let now = self.clock.now_ms();
         let mut state = self.lock();
         let job = state.jobs.get(id).ok_or_else(|| QueueError::UnknownJob(id.to_owned()))?;
-        match token {
-            Some(token) if constant_time_eq(token.as_bytes(), job.progress_token.as_bytes()) => {}
-            _ => return Err(QueueError::Unauthorized { job: id.to_owned() }),
+        let Some((token_attempt, token_rank)) =
+            token.and_then(|token| rank_of_token(&job.progress_token, token))
+        else {
+            return Err(QueueError::Unauthorized { job: id.to_owned() });
+        };
+        if (token_attempt, token_rank) != (progress.attempt, progress.rank) {
+            return Err(QueueError::OtherRank {
+                job: id.to_owned(),
+                token_attempt,
+                token_rank,
+                attempt: progress.attempt,
+                rank: progress.rank,
+            });
         }
         if progress.job != id {
             return Err(QueueError::BadProgress {

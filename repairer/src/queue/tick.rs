@@ -607,7 +607,8 @@ impl JobQueue {
         }
         let base = &self.progress_base;
         env.insert(PROGRESS_URL_VAR.to_owned(), format!("{base}/v1/jobs/{}/progress", job.id));
-        env.insert(PROGRESS_TOKEN_VAR.to_owned(), job.progress_token.clone());
+        let token = super::rank_token(&job.progress_token, job.attempt, rank.rank);
+        env.insert(PROGRESS_TOKEN_VAR.to_owned(), token);
         let run = RunRank {
             key: RankKey { job: job.id.clone(), attempt: job.attempt, rank: rank.rank },
             argv: job.spec.argv.clone(),

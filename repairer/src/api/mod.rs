@@ -1,8 +1,9 @@
 //! The repairer's HTTP surface: agent reports, inbound alert webhooks, the admin API, `/metrics`.
 //!
-//! Agents and alert sources authenticate with bearer tokens, people with the admin token. Bodies
-//! are size-limited; a malformed or unauthenticated request gets a 4xx naming what is wrong, is
-//! counted, and changes nothing.
+//! Agents and alert sources authenticate with bearer tokens, people with named credentials whose
+//! role opens some routes and not others ([`crate::access`]). Bodies are size-limited; a
+//! malformed or unauthenticated request gets a 4xx naming what is wrong, is counted, and changes
+//! nothing.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,12 +19,16 @@ use axum::routing::{get, post};
 use fleetmend_proto::{Report, WIRE_VERSION};
 use serde::{Deserialize, Serialize};
 
+use crate::access::Role;
 use crate::alerts::Alerts;
 use crate::config::Tokens;
 use crate::engine::{Engine, EngineError, NodeRecord};
 use crate::inbound::{self, InboundConfig, SnsMessage};
 use crate::model::{Actor, Event, EventKind, FindingSource, RuleAction, Severity};
 use crate::workflow::{KeptEvidence, Workflow};
+use auth::{alert_source, bearer, gate, not_for_this, report_sender};
+
+mod auth;
 
 /// Shared state of the handlers.
 pub struct ApiState {
@@ -38,6 +43,9 @@ pub struct ApiState {
     pub max_body_bytes: usize,
     /// `fleetmend_reports_received_total{outcome}`.
     pub reports: ReportCounters,
+    /// `fleetmend_api_refused_total{status}`: requests other than reports refused for their
+    /// credential.
+    pub refused: RefusedCounters,
     /// SNS subscription confirmations waiting for an operator.
     pub subscriptions: Mutex<Vec<Subscription>>,
 }
@@ -57,6 +65,23 @@ pub struct ReportCounters {
     /// With another node's credential.
     pub forbidden: AtomicU64,
     pub failed: AtomicU64,
+}
+
+/// Requests refused for their credential: none or unknown (401), or known but not allowed (403).
+#[derive(Debug, Default)]
+pub struct RefusedCounters {
+    pub unauthorized: AtomicU64,
+    pub forbidden: AtomicU64,
+}
+
+impl RefusedCounters {
+    fn count(&self, err: &ApiError) {
+        match err.0 {
+            StatusCode::UNAUTHORIZED => self.unauthorized.fetch_add(1, Ordering::Relaxed),
+            StatusCode::FORBIDDEN => self.forbidden.fetch_add(1, Ordering::Relaxed),
+            _ => 0,
+        };
+    }
 }
 
 /// An SNS subscription the operator must confirm (the repairer never fetches URLs itself).
@@ -108,57 +133,6 @@ fn read_body(
         };
         ApiError(status, message)
     })
-}
-
-/// Checks `Authorization: Bearer <token>` (or `?token=` where allowed) against `expected`; no
-/// expected token means none is required (loopback or `insecure`).
-fn authorize(
-    headers: &HeaderMap,
-    query_token: Option<&str>,
-    expected: &Option<String>,
-) -> Result<(), ApiError> {
-    let Some(expected) = expected else { return Ok(()) };
-    match bearer(headers).or(query_token) {
-        Some(token) if constant_time_eq(token.as_bytes(), expected.as_bytes()) => Ok(()),
-        Some(_) => Err(ApiError(StatusCode::UNAUTHORIZED, "wrong bearer token".to_owned())),
-        None => Err(ApiError(StatusCode::UNAUTHORIZED, "a bearer token is required".to_owned())),
-    }
-}
-
-/// The token of `Authorization: Bearer <token>`, if any.
-fn bearer(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-}
-
-/// Who may post a report: with per-node identity the node whose token was presented (a report
-/// for any other node is then refused), else anyone with the agent token (`None`).
-fn report_sender(state: &ApiState, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(tokens) = &state.node_tokens else {
-        return authorize(headers, None, &state.tokens.agent).map(|()| None);
-    };
-    let Some(token) = bearer(headers) else {
-        return Err(ApiError(StatusCode::UNAUTHORIZED, "a bearer token is required".to_owned()));
-    };
-    match tokens.node_of(token) {
-        Some(node) => Ok(Some(node)),
-        None => Err(ApiError(StatusCode::UNAUTHORIZED, "wrong bearer token".to_owned())),
-    }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-fn person(headers: &HeaderMap) -> String {
-    headers
-        .get("x-fleetmend-user")
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() <= 64 && v.chars().all(|c| c.is_ascii_graphic()))
-        .unwrap_or("admin")
-        .to_owned()
 }
 
 pub fn router(state: Arc<ApiState>) -> Router {
@@ -282,7 +256,7 @@ async fn alertmanager(
     Query(query): Query<TokenQuery>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    authorize(&headers, query.token.as_deref(), &state.tokens.alerts)?;
+    alert_source(&state, &headers, query.token.as_deref())?;
     let body = read_body(body, state.max_body_bytes)?;
     let parsed = inbound::parse_alertmanager(&body, &state.inbound)
         .map_err(|err| bad_request(err.to_string()))?;
@@ -309,7 +283,7 @@ async fn cloudwatch(
     Query(query): Query<TokenQuery>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    authorize(&headers, query.token.as_deref(), &state.tokens.alerts)?;
+    alert_source(&state, &headers, query.token.as_deref())?;
     let body = read_body(body, state.max_body_bytes)?;
     let message =
         inbound::parse_sns(&body, &state.inbound).map_err(|err| bad_request(err.to_string()))?;
@@ -370,7 +344,7 @@ async fn list_nodes(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    authorize(&headers, None, &state.tokens.admin)?;
+    gate(&state, &headers, Role::Read, "list nodes")?;
     Ok(axum::Json(state.engine.summaries()).into_response())
 }
 
@@ -391,7 +365,7 @@ async fn prometheus_sd(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    authorize(&headers, None, &state.tokens.admin)?;
+    gate(&state, &headers, Role::Read, "read service discovery")?;
     let mut groups: Vec<TargetGroup> = state
         .engine
         .scrape_targets()
@@ -432,7 +406,7 @@ async fn node_detail(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    authorize(&headers, None, &state.tokens.admin)?;
+    gate(&state, &headers, Role::Read, "read a node")?;
     let node = state
         .engine
         .node(&name)
@@ -461,7 +435,7 @@ async fn node_evidence(
     Path(name): Path<String>,
     Query(query): Query<EvidenceQuery>,
 ) -> Result<Response, ApiError> {
-    authorize(&headers, None, &state.tokens.admin)?;
+    gate(&state, &headers, Role::Read, "read evidence")?;
     if state.engine.node(&name).is_none() {
         return Err(ApiError(StatusCode::NOT_FOUND, format!("no node named {name}")));
     }
@@ -503,8 +477,8 @@ async fn drain(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    authorize(&headers, None, &state.tokens.admin)?;
-    let id = state.engine.drain(&name, &person(&headers))?;
+    let actor = gate(&state, &headers, Role::Operator, "drain")?;
+    let id = state.engine.drain(&name, &actor)?;
     Ok(axum::Json(serde_json::json!({ "workflow": id })).into_response())
 }
 
@@ -513,8 +487,8 @@ async fn undrain(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    authorize(&headers, None, &state.tokens.admin)?;
-    let outcome = state.engine.undrain(&name, &person(&headers)).await?;
+    let actor = gate(&state, &headers, Role::Operator, "undrain")?;
+    let outcome = state.engine.undrain(&name, &actor).await?;
     Ok(axum::Json(serde_json::json!({ "outcome": format!("{outcome:?}") })).into_response())
 }
 
@@ -524,10 +498,10 @@ async fn repair(
     Path(name): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    authorize(&headers, None, &state.tokens.admin)?;
+    let actor = gate(&state, &headers, Role::Operator, "repair")?;
     let action = read_action(body, state.max_body_bytes)?
         .ok_or_else(|| bad_request("action is required"))?;
-    let id = state.engine.request_repair(&name, action, &person(&headers))?;
+    let id = state.engine.request_repair(&name, action, &actor)?;
     Ok(axum::Json(serde_json::json!({ "workflow": id })).into_response())
 }
 
@@ -537,9 +511,9 @@ async fn approve(
     Path(name): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    authorize(&headers, None, &state.tokens.admin)?;
+    let actor = gate(&state, &headers, Role::Operator, "approve")?;
     let action = read_action(body, state.max_body_bytes)?.unwrap_or(RuleAction::Replace);
-    state.engine.approve(&name, action, &person(&headers))?;
+    state.engine.approve(&name, action, &actor)?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -555,7 +529,7 @@ async fn events(
     headers: HeaderMap,
     Query(query): Query<EventsQuery>,
 ) -> Result<Response, ApiError> {
-    authorize(&headers, None, &state.tokens.admin)?;
+    gate(&state, &headers, Role::Read, "read events")?;
     let limit = query.limit.unwrap_or(500).min(10_000);
     let events = state
         .engine
@@ -569,7 +543,7 @@ async fn breaker(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    authorize(&headers, None, &state.tokens.admin)?;
+    gate(&state, &headers, Role::Read, "read the breaker")?;
     Ok(axum::Json(state.engine.breaker()).into_response())
 }
 
@@ -577,15 +551,15 @@ async fn close_breaker(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    authorize(&headers, None, &state.tokens.admin)?;
-    Ok(axum::Json(state.engine.close_breaker(&person(&headers))?).into_response())
+    let actor = gate(&state, &headers, Role::Operator, "close the breaker")?;
+    Ok(axum::Json(state.engine.close_breaker(&actor)?).into_response())
 }
 
 async fn subscriptions(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    authorize(&headers, None, &state.tokens.admin)?;
+    gate(&state, &headers, Role::Admin, "read SNS subscriptions")?;
     let list = state.subscriptions.lock().map(|l| l.clone()).unwrap_or_default();
     Ok(axum::Json(list).into_response())
 }
@@ -600,6 +574,7 @@ impl From<crate::queue::QueueError> for ApiError {
             QueueError::InvalidSpec(_) | QueueError::BadProgress { .. } => StatusCode::BAD_REQUEST,
             QueueError::Conflict { .. } => StatusCode::CONFLICT,
             QueueError::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
+            QueueError::OtherRank { .. } => StatusCode::FORBIDDEN,
             QueueError::Store { .. } | QueueError::Load(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError(status, err.to_string())
@@ -619,7 +594,7 @@ async fn list_jobs(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    authorize(&headers, None, &state.tokens.admin)?;
+    gate(&state, &headers, Role::Read, "list jobs")?;
     Ok(axum::Json(queue(&state)?.jobs()).into_response())
 }
 
@@ -628,12 +603,12 @@ async fn submit_job(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    authorize(&headers, None, &state.tokens.admin)?;
+    let actor = gate(&state, &headers, Role::Operator, "submit jobs")?;
     let queue = queue(&state)?;
     let body = read_body(body, state.max_body_bytes)?;
     let spec: crate::queue::JobSpec = serde_json::from_slice(&body)
         .map_err(|err| bad_request(format!("malformed job: {err}")))?;
-    let job = queue.submit(spec, &person(&headers))?;
+    let job = queue.submit(spec, &actor)?;
     Ok((StatusCode::CREATED, axum::Json(job)).into_response())
 }
 
@@ -642,7 +617,7 @@ async fn job_detail(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    authorize(&headers, None, &state.tokens.admin)?;
+    gate(&state, &headers, Role::Read, "read a job")?;
     let job = queue(&state)?
         .job(&id)
         .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no job {id}")))?;
@@ -654,11 +629,12 @@ async fn cancel_job(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    authorize(&headers, None, &state.tokens.admin)?;
-    Ok(axum::Json(queue(&state)?.cancel(&id, &person(&headers))?).into_response())
+    let actor = gate(&state, &headers, Role::Operator, "cancel jobs")?;
+    Ok(axum::Json(queue(&state)?.cancel(&id, &actor)?).into_response())
 }
 
-/// A rank's progress: authenticated by its job's own token (from `FLEETMEND_PROGRESS_TOKEN`).
+/// A rank's progress: authenticated by the rank's own token (from `FLEETMEND_PROGRESS_TOKEN`),
+/// which speaks for that rank of that attempt alone.
 async fn job_progress(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
@@ -666,15 +642,17 @@ async fn job_progress(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let queue = queue(&state)?;
-    let token = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    queue.check_token(&id, token)?;
+    let token = bearer(&headers);
+    let refused = |err: crate::queue::QueueError| {
+        let err = not_for_this(&state, &headers, None, err.into(), "post a rank's progress");
+        state.refused.count(&err);
+        err
+    };
+    queue.check_token(&id, token).map_err(refused)?;
     let body = read_body(body, state.max_body_bytes)?;
     let progress: fleetmend_proto::Progress = serde_json::from_slice(&body)
         .map_err(|err| bad_request(format!("malformed progress: {err}")))?;
-    Ok(axum::Json(queue.progress(&id, token, &progress)?).into_response())
+    Ok(axum::Json(queue.progress(&id, token, &progress).map_err(refused)?).into_response())
 }
 
 async fn openapi() -> Response {
@@ -688,12 +666,17 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
     outcomes.insert("unauthorized", state.reports.unauthorized.load(Ordering::Relaxed));
     outcomes.insert("forbidden", state.reports.forbidden.load(Ordering::Relaxed));
     outcomes.insert("error", state.reports.failed.load(Ordering::Relaxed));
+    let refused = [
+        ("401", state.refused.unauthorized.load(Ordering::Relaxed)),
+        ("403", state.refused.forbidden.load(Ordering::Relaxed)),
+    ];
     let body = crate::exposition::encode(&crate::exposition::Snapshot {
         node_states: state.engine.state_counts(),
         breaker_open: state.engine.breaker().open,
         metrics: &state.engine.metrics,
         alerts: state.alerts.as_deref(),
         reports: &outcomes,
+        refused: &refused,
         queue: state.queue.as_ref().map(|q| q.metrics()),
     });
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
