@@ -709,7 +709,6 @@ impl World {
             job.attempt = Some(key.attempt);
             job.ranks_started = 0;
             job.phase = Phase::Launching;
-            job.token = token.to_owned();
             if let Some(v) = &view {
                 let nodes: BTreeSet<String> = v.job.nodes.iter().cloned().collect();
                 if let Some(previous) = self.last_nodes.get(&key.job) {
@@ -717,6 +716,10 @@ impl World {
                 }
                 self.last_nodes.insert(key.job.clone(), nodes);
             }
+        }
+        // The simulated job posts as its rank 0, with that rank's own token.
+        if key.rank == 0 && job.attempt == Some(key.attempt) {
+            job.token = token.to_owned();
         }
         let Some(job) = self.jobs.get_mut(&key.job) else { return };
         if job.attempt != Some(key.attempt) {
