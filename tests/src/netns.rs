@@ -212,7 +212,8 @@ pub fn story(events: &[Value]) -> String {
 }
 
 /// Hosts in namespaces on one bridge, a real repairer in the test's namespace listening on every
-/// address, and each host's real agent reporting to it over its control link.
+/// address (plain HTTP: `insecure`, as in a lab), and each host's real agent reporting to it over
+/// its control link.
 #[derive(Debug)]
 pub struct NetnsFleet {
     pub repairer: Running,
@@ -248,7 +249,7 @@ impl NetnsFleet {
             &config,
             format!(
                 "listen = \"{listen}\"\nstore = \"{}\"\nagent_token = \"{AGENT}\"\n\
-                 admin_token = \"{ADMIN}\"\n{settings}\n",
+                 admin_token = \"{ADMIN}\"\ninsecure = true\n{settings}\n",
                 dir.join("repairer.db").display()
             ),
         )
