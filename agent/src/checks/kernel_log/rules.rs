@@ -5,11 +5,12 @@
 //! compilation share [`compile`], so a rule that passed validation compiles the same way in
 //! [`super::KernelLogCheck::new`].
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use fleetmend_proto::{RecommendedAction, Status};
-use regex::{Captures, Regex};
+use regex::bytes::{Captures, Match, Regex, RegexBuilder};
 use serde::Deserialize;
 
 use crate::xid;
@@ -31,9 +32,10 @@ pub struct KernelLogRule {
     /// Unique name of the rule; also the `rule` label of `fleetmend_kmsg_matches_total`. A user rule
     /// with the name of a built-in rule replaces it.
     pub name: String,
-    /// Regular expression searched in each kernel-log message (the kmsg prefix removed). Named
-    /// capture groups become the finding's labels: capture bounded values only (codes, addresses,
-    /// device names), never free text.
+    /// Regular expression searched in each kernel-log message (the kmsg prefix removed). Classes
+    /// are ASCII (`\d`, `\w`, `\s` and `(?i)` as in Go's regexp). Named capture groups become the
+    /// finding's labels: capture bounded values only (codes, addresses, device names), never free
+    /// text.
     pub pattern: String,
     /// Finding id reported while the rule is active (short snake_case, e.g. `xid`).
     pub finding: String,
@@ -446,14 +448,14 @@ pub struct RuleMatch {
 impl Rule {
     /// The match of `text`, if the rule matches it.
     pub fn matches(&self, text: &str) -> Option<RuleMatch> {
-        self.regex.captures(text).map(|caps| self.found(&caps))
+        self.regex.captures(text.as_bytes()).map(|caps| self.found(&caps))
     }
 
     /// The first match of `text` that ends after byte `from` (in the newest of joined lines).
     pub fn matches_ending_after(&self, text: &str, from: usize) -> Option<RuleMatch> {
         let caps = self
             .regex
-            .captures_iter(text)
+            .captures_iter(text.as_bytes())
             .find(|caps| caps.get(0).is_some_and(|m| m.end() > from))?;
         Some(self.found(&caps))
     }
@@ -462,7 +464,7 @@ impl Rule {
         let mut labels = BTreeMap::new();
         for name in self.regex.capture_names().flatten() {
             if let Some(m) = caps.name(name) {
-                labels.insert(name.to_owned(), truncate_chars(m.as_str(), MAX_LABEL_CHARS));
+                labels.insert(name.to_owned(), truncate_chars(&text(m), MAX_LABEL_CHARS));
             }
         }
         let (status, action) = self.resolve(caps);
@@ -473,10 +475,10 @@ impl Rule {
         let catalog = || {
             // The pattern bounds the digits; a code that still does not parse is "not in the
             // catalog", which is what advice() says for any unknown code.
-            let code = caps.name("xid").and_then(|m| m.as_str().parse::<u32>().ok());
+            let code = caps.name("xid").and_then(|m| text(m).parse::<u32>().ok());
             let code = code.unwrap_or(u32::MAX);
-            let severity = caps.name("severity").map(|m| m.as_str());
-            match severity.and_then(|word| xid::by_severity(code, word)) {
+            let severity = caps.name("severity").map(text);
+            match severity.and_then(|word| xid::by_severity(code, &word)) {
                 Some(decided) => decided,
                 None => {
                     let advice = xid::advice(code);
@@ -486,7 +488,7 @@ impl Rule {
         };
         let recovery = || {
             caps.name("recovery")
-                .and_then(|m| u32::from_str_radix(m.as_str(), 16).ok())
+                .and_then(|m| u32::from_str_radix(&text(m), 16).ok())
                 .and_then(xid::recovery_action)
                 .map(|(status, action, _)| (status, action))
                 // A recovery action this catalog does not know: someone should look.
@@ -511,7 +513,7 @@ impl Rule {
             match part {
                 TemplatePart::Text(text) => subject.push_str(text),
                 TemplatePart::Group(name) => {
-                    subject.push_str(caps.name(name).map_or("", |m| m.as_str()));
+                    subject.push_str(&caps.name(name).map(text).unwrap_or_default());
                 }
             }
         }
@@ -575,7 +577,7 @@ pub fn compile(rule: &KernelLogRule) -> Result<Rule, Vec<RuleProblem>> {
         problems.push(("pattern", "must not be empty".to_owned()));
         None
     } else {
-        match Regex::new(&rule.pattern) {
+        match build_regex(&rule.pattern) {
             Ok(regex) => Some(regex),
             Err(err) => {
                 // The regex error spans several lines with a caret; one line reads better.
@@ -633,6 +635,20 @@ pub fn compile(rule: &KernelLogRule) -> Result<Rule, Vec<RuleProblem>> {
         }
         _ => Err(problems),
     }
+}
+
+/// A rule's pattern, matched against the line's bytes with ASCII classes (`\d`, `\w`, `\s`, `\b`
+/// and case folding know ASCII only, as in node-problem-detector's Go patterns). Unicode classes
+/// cost memory out of all proportion: the built-in rules' bounded repetitions (`\w{1,64}`,
+/// `[^\s\[\]]{1,64}`) held ~11 MiB of compiled automata with them, more than the rest of the
+/// agent; kernel-log lines are ASCII.
+fn build_regex(pattern: &str) -> Result<Regex, regex::Error> {
+    RegexBuilder::new(pattern).unicode(false).build()
+}
+
+/// A capture's text; a match that cut a multi-byte character keeps a replacement character.
+fn text<'h>(m: Match<'h>) -> Cow<'h, str> {
+    String::from_utf8_lossy(m.as_bytes())
 }
 
 /// Every problem with the user's rules, each naming `{section}.rules[i].field`.
