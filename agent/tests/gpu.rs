@@ -531,3 +531,28 @@ fn dump_snapshot_writes_the_fixture_format() {
         dump_snapshot(&parse_backend("nvml:/nonexistent/libnvidia-ml.so.1").unwrap()).unwrap_err();
     assert!(err.to_string().starts_with("NVML unavailable"), "{err}");
 }
+
+/// What NVML read on a real NVIDIA H200 (driver 580.159.04; `fleetmend agent --dump-gpu` on a
+/// one-GPU machine without NVLink): the check finds it healthy and exports what NVML said.
+#[test]
+fn a_real_h200_snapshot_is_healthy() {
+    let dir = fixture("real_h200");
+    let config = GpuConfig { expected_count: Some(1), ..config(&dir) };
+    let mut node = Node::new(&config, &dir);
+    for out in [node.run(), node.run_after(Duration::from_secs(10))] {
+        assert!(not_ok(&out).is_empty(), "{:#?}", not_ok(&out));
+        assert_eq!(find(&out, "gpu_count", "").value, Some(1.0));
+        assert_eq!(find(&out, "pcie_link", "0").message, "PCIe link x16 of x16");
+        assert_eq!(find(&out, "xid", "0").labels["pci"], "00000000:00:06.0");
+    }
+    let text = metrics::encode(&node.run().samples);
+    for line in [
+        "fleetmend_gpu_memory_total_bytes{gpu=\"0\"} 150754820096",
+        "fleetmend_gpu_clock_hertz{gpu=\"0\",clock=\"memory\"} 3201000000",
+        "fleetmend_gpu_throttle_active{gpu=\"0\",reason=\"gpu_idle\"} 1",
+        "fleetmend_gpu_pcie_replays_total{gpu=\"0\"} 1",
+    ] {
+        assert!(text.contains(line), "{line} missing from\n{text}");
+    }
+    assert!(text.contains("name=\"NVIDIA H200\""), "{text}");
+}
