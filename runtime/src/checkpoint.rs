@@ -17,6 +17,8 @@
 //! begins removes the temporary directories older than its own, which would make an older writer
 //! that is still running fail its commit (cleanly: no `step-*` directory appears).
 
+#[doc(hidden)]
+pub mod fuzzing;
 mod protocol_env;
 
 pub(crate) use protocol_env::{EnvReader, Need};
