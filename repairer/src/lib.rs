@@ -12,6 +12,8 @@ pub mod commands;
 pub mod config;
 pub mod engine;
 pub mod exposition;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod identity;
 pub mod inbound;
 pub mod metrics;

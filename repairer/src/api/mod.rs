@@ -214,7 +214,7 @@ async fn report(
 }
 
 /// Checks what serde cannot: names and sizes.
-fn check_report(report: &Report) -> Result<(), String> {
+pub(crate) fn check_report(report: &Report) -> Result<(), String> {
     if report.wire_version != WIRE_VERSION {
         return Err(format!(
             "wire_version {} is not supported (this repairer speaks {WIRE_VERSION})",
