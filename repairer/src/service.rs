@@ -241,8 +241,6 @@ pub async fn start_given(
     let api =
         ApiParts { engine: engine.clone(), queue: queue.clone(), alerts, tokens, node_tokens };
     let server = serve(listener, api_state(api, &config), &config, shutdown)?;
-    let scheme = if config.tls.is_some() { "https" } else { "http" };
-    tracing::info!(listen = %local_addr, scheme, mode = config.policy.mode.as_str(), store = %config.store.display(), "repairer started");
     Ok(Repairer { engine, scheduler, local_addr, tracer, queue, server, spares })
 }
 
@@ -293,6 +291,10 @@ fn serve(
         tracing::warn!(listen = %config.listen, "insecure: plain HTTP on a non-loopback address, tokens and reports travel in the clear (a lab only)");
     }
     let limits = config.listener;
+    // Said before the first connection is served: whoever got an answer finds it in the log.
+    let scheme = if certificates.is_some() { "https" } else { "http" };
+    let listen = listener.local_addr().unwrap_or(config.listen);
+    tracing::info!(%listen, scheme, mode = config.policy.mode.as_str(), store = %config.store.display(), "repairer started");
     Ok(match certificates {
         Some(certificates) => {
             let tls = crate::tls::TlsHandshake::new(certificates.server_config());
