@@ -21,8 +21,10 @@ pub struct Snapshot<'a> {
     pub alerts: Option<&'a Alerts>,
     /// Agent reports received, by outcome.
     pub reports: &'a BTreeMap<&'a str, u64>,
-    /// Other requests refused for their credential, by status (401, 403).
+    /// Requests refused for their credential, by status (401, 403; 429 beyond its rate).
     pub refused: &'a [(&'a str, u64)],
+    /// The listener's connections: open, the cap, shed, deadlines overrun.
+    pub listener: &'a fleetmend_listener::ListenerStats,
     /// The embedded queue's figures, when it runs.
     pub queue: Option<QueueMetrics>,
 }
@@ -97,13 +99,14 @@ pub fn encode(snapshot: &Snapshot<'_>) -> String {
     }
     let mut refused = family(
         API_REFUSED,
-        "API requests other than reports refused for their credential, by status (401 none or unknown, 403 not allowed).",
+        "API requests refused for their credential, by status (401 none or unknown, 403 not allowed: requests other than reports; 429 beyond the caller's rate: every request).",
         MetricType::COUNTER,
     );
     for (status, count) in snapshot.refused {
         push_counter(&mut refused, &[("status", status)], *count as f64);
     }
     families.extend([sent, received, refused]);
+    families.extend(listener_families(snapshot.listener));
 
     if let Some(queue) = &snapshot.queue {
         families.extend(queue_families(queue));
@@ -115,6 +118,37 @@ pub fn encode(snapshot: &Snapshot<'_>) -> String {
         tracing::error!(error = %err, "encoding metrics failed");
     }
     out
+}
+
+/// The listener's connections (names shared with the agent's `/metrics`).
+fn listener_families(stats: &fleetmend_listener::ListenerStats) -> Vec<MetricFamily> {
+    let mut open = family(
+        CONNECTIONS_OPEN,
+        "Connections open on the repairer's listener, TLS handshakes included.",
+        MetricType::GAUGE,
+    );
+    push_gauge(&mut open, &[], stats.open() as f64);
+    let mut max = family(
+        CONNECTIONS_MAX,
+        "The cap on open connections in force ([listener] max_connections, or less where the descriptor limit did not hold it).",
+        MetricType::GAUGE,
+    );
+    push_gauge(&mut max, &[], stats.max() as f64);
+    let mut shed = family(
+        CONNECTIONS_SHED,
+        "Connections closed at accept because the cap was reached.",
+        MetricType::COUNTER,
+    );
+    push_counter(&mut shed, &[], stats.shed() as f64);
+    let mut timeouts = family(
+        HTTP_TIMEOUTS,
+        "Connections closed because the client overran a deadline, by phase (handshake, header, body, idle).",
+        MetricType::COUNTER,
+    );
+    for (phase, count) in stats.timeouts() {
+        push_counter(&mut timeouts, &[("phase", phase.as_str())], count as f64);
+    }
+    vec![open, max, shed, timeouts]
 }
 
 /// The embedded queue's metrics. The `job` label is bounded: every unfinished job and the most

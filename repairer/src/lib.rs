@@ -16,6 +16,7 @@ pub mod exposition;
 pub mod fuzzing;
 pub mod identity;
 pub mod inbound;
+pub mod limits;
 pub mod metrics;
 pub mod model;
 pub mod nodes;

@@ -22,6 +22,10 @@ pub const TIME_TO_REPAIR: &str = "fleetmend_time_to_repair_seconds";
 pub const ALERTS_SENT: &str = "fleetmend_alerts_sent_total";
 pub const REPORTS_RECEIVED: &str = "fleetmend_reports_received_total";
 pub const API_REFUSED: &str = "fleetmend_api_refused_total";
+/// The listener's series, named where the agent's are too.
+pub use fleetmend_listener::metrics::{
+    CONNECTIONS_MAX, CONNECTIONS_OPEN, CONNECTIONS_SHED, TIMEOUTS as HTTP_TIMEOUTS,
+};
 /// Jobs of the embedded queue by state.
 pub const JOBS: &str = "fleetmend_jobs";
 pub const JOB_RESTARTS: &str = "fleetmend_job_restarts_total";
@@ -309,6 +313,7 @@ mod tests {
             reports: &reports,
             refused: &[("401", 2)],
             queue: None,
+            listener: &fleetmend_listener::ListenerStats::default(),
         })
     }
 
@@ -362,6 +367,11 @@ mod tests {
             (r#"fleetmend_nodes{state="healthy"}"#, 0.0),
             ("fleetmend_breaker_open", 0.0),
             (r#"fleetmend_reports_received_total{outcome="ok"}"#, 3.0),
+            // The listener's series, every phase from the start.
+            ("fleetmend_http_connections_open", 0.0),
+            ("fleetmend_http_connections_shed_total", 0.0),
+            (r#"fleetmend_http_timeouts_total{phase="header"}"#, 0.0),
+            (r#"fleetmend_http_timeouts_total{phase="handshake"}"#, 0.0),
         ] {
             assert_eq!(sample(&text, series), Some(value), "{series} in:\n{text}");
         }
@@ -380,6 +390,10 @@ mod tests {
             (REPORTS_RECEIVED, "counter"),
             (ALLREDUCE_PROBES, "counter"),
             (ALLREDUCE_MEDIAN, "gauge"),
+            (CONNECTIONS_OPEN, "gauge"),
+            (CONNECTIONS_MAX, "gauge"),
+            (CONNECTIONS_SHED, "counter"),
+            (HTTP_TIMEOUTS, "counter"),
         ] {
             assert!(text.contains(&format!("# TYPE {name} {kind}\n")), "{name} in:\n{text}");
         }
@@ -388,7 +402,7 @@ mod tests {
             assert!(sample(&text, &series).is_some(), "{series} in:\n{text}");
         }
         // Each family once: the registry's and the scrape-time ones never overlap.
-        assert_eq!(text.matches("# TYPE ").count(), 11, "{text}");
+        assert_eq!(text.matches("# TYPE ").count(), 15, "{text}");
         // Reports the engine took in are counted by the API's outcome series, not twice.
         assert!(!text.contains("fleetmend_engine_reports_ok_total"), "{text}");
 

@@ -238,9 +238,27 @@ pub async fn start_given(
         queue.start();
     }
     let spares = slurm_spares.map(|keeper| tokio::spawn(keeper.run()));
-    let state = Arc::new(ApiState {
-        engine: engine.clone(),
-        queue: queue.clone(),
+    let api =
+        ApiParts { engine: engine.clone(), queue: queue.clone(), alerts, tokens, node_tokens };
+    let server = serve(listener, api_state(api, &config), &config, shutdown)?;
+    Ok(Repairer { engine, scheduler, local_addr, tracer, queue, server, spares })
+}
+
+/// What the API is built from, besides the config.
+struct ApiParts {
+    engine: Arc<Engine>,
+    queue: Option<Arc<JobQueue>>,
+    alerts: Option<Arc<Alerts>>,
+    tokens: crate::config::Tokens,
+    node_tokens: Option<Arc<crate::identity::NodeTokens>>,
+}
+
+/// The API's shared state: `parts`, its counters and the rate limits of `config`.
+fn api_state(parts: ApiParts, config: &RepairerConfig) -> Arc<ApiState> {
+    let ApiParts { engine, queue, alerts, tokens, node_tokens } = parts;
+    Arc::new(ApiState {
+        engine,
+        queue,
         alerts,
         tokens,
         node_tokens,
@@ -249,22 +267,21 @@ pub async fn start_given(
         reports: Default::default(),
         refused: Default::default(),
         subscriptions: Mutex::new(Vec::new()),
-    });
-    let app = api::router(state);
-    let server = serve(listener, app, &config, shutdown)?;
-    let scheme = if config.tls.is_some() { "https" } else { "http" };
-    tracing::info!(listen = %local_addr, scheme, mode = config.policy.mode.as_str(), store = %config.store.display(), "repairer started");
-    Ok(Repairer { engine, scheduler, local_addr, tracer, queue, server, spares })
+        limits: crate::limits::RateLimits::new(&config.rate_limits),
+        listener: Arc::default(),
+    })
 }
 
-/// Serves `app` on `listener`, over TLS with `[tls]`'s certificate (read again on SIGHUP and when
-/// its files change).
+/// Serves the API of `state` on `listener` under `[listener]`'s deadlines and cap, over TLS with
+/// `[tls]`'s certificate (read again on SIGHUP and when its files change).
 fn serve(
     listener: tokio::net::TcpListener,
-    app: axum::Router,
+    state: Arc<ApiState>,
     config: &RepairerConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<tokio::task::JoinHandle<Result<(), ServiceError>>, ServiceError> {
+    let stats = state.listener.clone();
+    let app = api::router(state);
     let certificates = match &config.tls {
         Some(tls) => Some(crate::tls::Certificates::load(tls)?),
         None => None,
@@ -273,25 +290,32 @@ fn serve(
     if certificates.is_none() && plain_off_loopback {
         tracing::warn!(listen = %config.listen, "insecure: plain HTTP on a non-loopback address, tokens and reports travel in the clear (a lab only)");
     }
+    let limits = config.listener;
+    // Said before the first connection is served: whoever got an answer finds it in the log.
+    let scheme = if certificates.is_some() { "https" } else { "http" };
+    let listen = listener.local_addr().unwrap_or(config.listen);
+    tracing::info!(%listen, scheme, mode = config.policy.mode.as_str(), store = %config.store.display(), "repairer started");
     Ok(match certificates {
         Some(certificates) => {
-            let tls = certificates.server_config();
+            let tls = crate::tls::TlsHandshake::new(certificates.server_config());
             certificates.watch();
-            let timeout = config.tls.as_ref().map(|t| t.handshake_timeout).unwrap_or_default();
-            let listener = crate::tls::TlsListener::new(listener, tls, timeout)
-                .map_err(|source| ServiceError::Listen { addr: config.listen, source })?;
             tokio::spawn(async move {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(shutdown)
+                fleetmend_listener::serve(listener, app, tls, limits, stats, shutdown)
                     .await
                     .map_err(ServiceError::Serve)
             })
         }
         None => tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown)
-                .await
-                .map_err(ServiceError::Serve)
+            fleetmend_listener::serve(
+                listener,
+                app,
+                fleetmend_listener::Plain,
+                limits,
+                stats,
+                shutdown,
+            )
+            .await
+            .map_err(ServiceError::Serve)
         }),
     })
 }

@@ -24,11 +24,13 @@ use crate::alerts::Alerts;
 use crate::config::Tokens;
 use crate::engine::{Engine, EngineError, NodeRecord};
 use crate::inbound::{self, InboundConfig, SnsMessage};
+use crate::limits::Caller;
 use crate::model::{Actor, Event, EventKind, FindingSource, RuleAction, Severity};
 use crate::workflow::{KeptEvidence, Workflow};
 use auth::{alert_source, bearer, gate, not_for_this, report_sender};
 
 mod auth;
+mod throttle;
 
 /// Shared state of the handlers.
 pub struct ApiState {
@@ -48,6 +50,10 @@ pub struct ApiState {
     pub refused: RefusedCounters,
     /// SNS subscription confirmations waiting for an operator.
     pub subscriptions: Mutex<Vec<Subscription>>,
+    /// Each caller's rate (`[rate_limits]`).
+    pub limits: crate::limits::RateLimits,
+    /// The listener's connection counts, for `/metrics`.
+    pub listener: Arc<fleetmend_listener::ListenerStats>,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -67,11 +73,13 @@ pub struct ReportCounters {
     pub failed: AtomicU64,
 }
 
-/// Requests refused for their credential: none or unknown (401), or known but not allowed (403).
+/// Requests refused for their credential: none or unknown (401), known but not allowed (403), or
+/// beyond its rate (429, every route, reports included).
 #[derive(Debug, Default)]
 pub struct RefusedCounters {
     pub unauthorized: AtomicU64,
     pub forbidden: AtomicU64,
+    pub throttled: AtomicU64,
 }
 
 impl RefusedCounters {
@@ -161,6 +169,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), throttle::by_caller))
         .with_state(state)
 }
 
@@ -186,6 +195,13 @@ async fn report(
     if let Err(why) = check_report(&report) {
         state.reports.malformed.fetch_add(1, Ordering::Relaxed);
         return Err(bad_request(why));
+    }
+    // With a node's own token the middleware counted it already; with the shared agent token (or
+    // none) the node is known only now.
+    if sender.is_none()
+        && let Err(throttled) = throttle::check(&state, &Caller::Node(report.node.clone()))
+    {
+        return Ok(throttled.into_response());
     }
     if let Some(sender) = sender
         && sender != report.node
@@ -669,6 +685,7 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
     let refused = [
         ("401", state.refused.unauthorized.load(Ordering::Relaxed)),
         ("403", state.refused.forbidden.load(Ordering::Relaxed)),
+        ("429", state.refused.throttled.load(Ordering::Relaxed)),
     ];
     let body = crate::exposition::encode(&crate::exposition::Snapshot {
         node_states: state.engine.state_counts(),
@@ -678,6 +695,7 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
         reports: &outcomes,
         refused: &refused,
         queue: state.queue.as_ref().map(|q| q.metrics()),
+        listener: &state.listener,
     });
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
 }
