@@ -14,6 +14,7 @@ pub mod engine;
 pub mod exposition;
 pub mod identity;
 pub mod inbound;
+pub mod inventory;
 pub mod metrics;
 pub mod model;
 pub mod nodes;
