@@ -70,6 +70,9 @@ pub struct RepairerConfig {
     pub telemetry: TelemetryConfig,
     /// The allreduce probe of nodes against the fleet (`[allreduce]`).
     pub allreduce: AllreduceConfig,
+    /// Which nodes exist (`[inventory]`): names, hostlist patterns, a file or Slurm's node list.
+    /// Absent: every node that reports is in the fleet and counts in the guard rails' shares.
+    pub inventory: Option<crate::inventory::InventoryConfig>,
 }
 
 /// The scheduler backend.
@@ -112,6 +115,7 @@ impl Default for RepairerConfig {
             inbound: InboundConfig::default(),
             telemetry: TelemetryConfig::default(),
             allreduce: AllreduceConfig::default(),
+            inventory: None,
         }
     }
 }
@@ -240,6 +244,10 @@ impl RepairerConfig {
         problems.extend(self.queue.problems("queue"));
         problems.extend(self.allreduce.problems("allreduce"));
         problems.extend(self.slurm.problems("slurm"));
+        if let Some(inventory) = &self.inventory {
+            let slurm = self.scheduler == SchedulerKind::Slurm;
+            problems.extend(inventory.problems("inventory", slurm));
+        }
         problems.extend(self.policy.problems("policy"));
         problems.extend(
             self.provider
@@ -393,6 +401,31 @@ mod tests {
         assert!(err.contains("burst"), "{err}");
         let err = RepairerConfig::parse("[listener]\nmax_conections = 5\n").unwrap_err();
         assert!(err.contains("max_conections"), "{err}");
+    }
+
+    #[test]
+    fn the_inventory_is_optional_typed_and_validated_by_field() {
+        let config = RepairerConfig::parse("listen = \"127.0.0.1:9830\"").unwrap();
+        assert_eq!(config.inventory, None, "no [inventory]: every reporting node is in the fleet");
+        let config = RepairerConfig::parse(
+            "listen = \"127.0.0.1:9830\"\n[inventory]\nnodes = [\"gpu-[001-128]\", \"cpu[1-3]\"]\n\
+             unknown_nodes = \"admit\"\nmax_unknown = 50",
+        )
+        .unwrap();
+        let inventory = config.inventory.as_ref().unwrap();
+        assert_eq!(inventory.unknown_nodes, crate::inventory::UnknownNodes::Admit);
+        assert_eq!(inventory.max_unknown, 50);
+        assert!(config.problems().is_empty(), "{:?}", config.problems());
+        let config = RepairerConfig::parse(
+            "listen = \"127.0.0.1:9830\"\n[inventory]\nnodes = [\"gpu-[001-\"]\nslurm = true",
+        )
+        .unwrap();
+        let problems = config.problems();
+        let fields: Vec<&str> = problems.iter().map(|p| p.0.as_str()).collect();
+        assert_eq!(fields, ["inventory.nodes[0]", "inventory.slurm"], "{problems:?}");
+        assert!(problems[0].1.contains("position 5"), "{problems:?}");
+        let err = RepairerConfig::parse("[inventory]\nnode = [\"a\"]").unwrap_err();
+        assert!(err.contains("node"), "{err}");
     }
 
     #[test]

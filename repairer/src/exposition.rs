@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
 
 use crate::alerts::Alerts;
+use crate::inventory::InventoryFigures;
 use crate::metrics::*;
 use crate::model::NodeState;
 use crate::queue::QueueMetrics;
@@ -27,6 +28,10 @@ pub struct Snapshot<'a> {
     pub listener: &'a fleetmend_listener::ListenerStats,
     /// The embedded queue's figures, when it runs.
     pub queue: Option<QueueMetrics>,
+    /// The inventory's figures, when one is configured.
+    pub inventory: Option<InventoryFigures>,
+    /// Nodes held as unknown (outside the inventory).
+    pub nodes_unknown: u32,
 }
 
 fn family(name: &str, help: &str, kind: MetricType) -> MetricFamily {
@@ -71,9 +76,23 @@ fn push_counter(family: &mut MetricFamily, pairs: &[(&str, &str)], value: f64) {
 pub fn encode(snapshot: &Snapshot<'_>) -> String {
     let mut families = Vec::new();
 
-    let mut nodes = family(NODES, "Nodes by state.", MetricType::GAUGE);
+    let mut nodes = family(
+        NODES,
+        "Nodes of the fleet (inventoried, where an inventory is configured) by state.",
+        MetricType::GAUGE,
+    );
     for (state, count) in &snapshot.node_states {
         push_gauge(&mut nodes, &[("state", state.as_str())], *count as f64);
+    }
+    let mut unknown = family(
+        NODES_UNKNOWN,
+        "Nodes held as unknown: reporting from outside the inventory, never counted or acted on.",
+        MetricType::GAUGE,
+    );
+    push_gauge(&mut unknown, &[], f64::from(snapshot.nodes_unknown));
+    families.push(unknown);
+    if let Some(inventory) = &snapshot.inventory {
+        families.extend(inventory_families(inventory));
     }
     let mut breaker =
         family(BREAKER_OPEN, "1 while the breaker stops automatic action.", MetricType::GAUGE);
@@ -149,6 +168,21 @@ fn listener_families(stats: &fleetmend_listener::ListenerStats) -> Vec<MetricFam
         push_counter(&mut timeouts, &[("phase", phase.as_str())], count as f64);
     }
     vec![open, max, shed, timeouts]
+}
+
+/// The inventory's size and the reads of its file and of Slurm's list.
+fn inventory_families(inventory: &InventoryFigures) -> Vec<MetricFamily> {
+    let mut size = family(INVENTORY_NODES, "Node names in the inventory.", MetricType::GAUGE);
+    push_gauge(&mut size, &[], inventory.nodes as f64);
+    let mut reads = family(
+        INVENTORY_REFRESHES,
+        "Reads of the inventory's file (when it changed) and of Slurm's node list, by source and outcome (a failed read keeps the list before).",
+        MetricType::COUNTER,
+    );
+    for (source, outcome, count) in &inventory.refreshes {
+        push_counter(&mut reads, &[("source", source), ("outcome", outcome)], *count as f64);
+    }
+    vec![size, reads]
 }
 
 /// The embedded queue's metrics. The `job` label is bounded: every unfinished job and the most

@@ -17,6 +17,7 @@ pub mod fuzzing;
 pub mod identity;
 pub mod inbound;
 pub mod limits;
+pub mod inventory;
 pub mod metrics;
 pub mod model;
 pub mod nodes;

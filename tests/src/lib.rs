@@ -236,6 +236,31 @@ pub fn http_post_json(addr: SocketAddr, path: &str, json: &str) -> Option<(u16, 
     read_response(stream)
 }
 
+/// A minimal blocking HTTP/1.1 request with a bearer token: `GET` when `json` is `None`, else a
+/// `POST` of it. Status and body, or `None` when the server could not be reached.
+pub fn http_with_token(
+    addr: SocketAddr,
+    path: &str,
+    token: &str,
+    json: Option<&str>,
+) -> Option<(u16, String)> {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    stream.set_write_timeout(Some(Duration::from_secs(5))).ok()?;
+    let (method, body) = match json {
+        Some(json) => ("POST", json),
+        None => ("GET", ""),
+    };
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .ok()?;
+    read_response(stream)
+}
+
 /// Starts `fleetmend repairer --config CONFIG`, stderr to `stderr_path` (appended, so a restarted
 /// repairer's log follows the killed one's), and waits until `/healthz` on `listen` answers.
 ///

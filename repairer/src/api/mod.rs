@@ -70,6 +70,11 @@ pub struct ReportCounters {
     pub unauthorized: AtomicU64,
     /// With another node's credential.
     pub forbidden: AtomicU64,
+    /// From a node outside the inventory, refused (`unknown_nodes = "refuse"`, or beyond
+    /// `max_unknown`).
+    pub unknown_refused: AtomicU64,
+    /// From a node outside the inventory, taken in as unknown (`unknown_nodes = "admit"`).
+    pub unknown_admitted: AtomicU64,
     pub failed: AtomicU64,
 }
 
@@ -115,6 +120,9 @@ impl From<EngineError> for ApiError {
         let status = match &err {
             EngineError::UnknownNode(_) => StatusCode::NOT_FOUND,
             EngineError::Refused(_) => StatusCode::CONFLICT,
+            EngineError::NotInInventory(_) | EngineError::TooManyUnknown { .. } => {
+                StatusCode::FORBIDDEN
+            }
             EngineError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError(status, err.to_string())
@@ -216,10 +224,16 @@ async fn report(
             ),
         ));
     }
-    match state.engine.ingest_report(&report) {
-        Ok(reply) => {
-            state.reports.ok.fetch_add(1, Ordering::Relaxed);
+    match state.engine.take_report(&report) {
+        Ok((reply, unknown)) => {
+            let counter = if unknown { &state.reports.unknown_admitted } else { &state.reports.ok };
+            counter.fetch_add(1, Ordering::Relaxed);
             Ok(axum::Json(reply).into_response())
+        }
+        Err(err @ (EngineError::NotInInventory(_) | EngineError::TooManyUnknown { .. })) => {
+            state.reports.unknown_refused.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(node = %report.node, "a report from a node outside the inventory refused");
+            Err(err.into())
         }
         Err(err) => {
             state.reports.failed.fetch_add(1, Ordering::Relaxed);
@@ -286,7 +300,9 @@ async fn alertmanager(
             alert.firing,
         ) {
             Ok(()) => answer.accepted += 1,
-            Err(EngineError::UnknownNode(node)) => answer.unknown_nodes.push(node),
+            Err(EngineError::UnknownNode(node) | EngineError::NotInInventory(node)) => {
+                answer.unknown_nodes.push(node)
+            }
             Err(err) => return Err(err.into()),
         }
     }
@@ -318,12 +334,14 @@ async fn cloudwatch(
                     unknown_nodes: Vec::new(),
                 })
                 .into_response()),
-                Err(EngineError::UnknownNode(node)) => Ok(axum::Json(InboundAnswer {
-                    accepted: 0,
-                    skipped: 0,
-                    unknown_nodes: vec![node],
-                })
-                .into_response()),
+                Err(EngineError::UnknownNode(node) | EngineError::NotInInventory(node)) => {
+                    Ok(axum::Json(InboundAnswer {
+                        accepted: 0,
+                        skipped: 0,
+                        unknown_nodes: vec![node],
+                    })
+                    .into_response())
+                }
                 Err(err) => Err(err.into()),
             }
         }
@@ -681,6 +699,11 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
     outcomes.insert("malformed", state.reports.malformed.load(Ordering::Relaxed));
     outcomes.insert("unauthorized", state.reports.unauthorized.load(Ordering::Relaxed));
     outcomes.insert("forbidden", state.reports.forbidden.load(Ordering::Relaxed));
+    if state.engine.inventory().is_some() {
+        let reports = &state.reports;
+        outcomes.insert("unknown_refused", reports.unknown_refused.load(Ordering::Relaxed));
+        outcomes.insert("unknown_admitted", reports.unknown_admitted.load(Ordering::Relaxed));
+    }
     outcomes.insert("error", state.reports.failed.load(Ordering::Relaxed));
     let refused = [
         ("401", state.refused.unauthorized.load(Ordering::Relaxed)),
@@ -696,6 +719,8 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
         refused: &refused,
         queue: state.queue.as_ref().map(|q| q.metrics()),
         listener: &state.listener,
+        inventory: state.engine.inventory().map(|i| i.figures()),
+        nodes_unknown: state.engine.unknown_count(),
     });
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
 }
