@@ -342,6 +342,7 @@ mod tests {
                 refreshes: vec![("slurm", "error", 2), ("slurm", "ok", 7)],
             }),
             nodes_unknown: 3,
+            listener: &fleetmend_listener::ListenerStats::default(),
         });
         for (series, value) in [
             ("fleetmend_inventory_nodes", 128.0),
