@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use fleetmend_listener::ListenerConfig;
 use serde::Deserialize;
 
 pub use crate::evidence::{EvidenceCommand, EvidenceConfig};
@@ -25,6 +26,9 @@ pub struct AgentConfig {
     pub node: Option<String>,
     /// Address for `/metrics`, `/healthz` and `/v1/health`.
     pub listen: SocketAddr,
+    /// Deadlines and the connection cap of that listener (`[listener]`).
+    #[serde(deserialize_with = "ListenerConfig::agent")]
+    pub listener: ListenerConfig,
     /// Where the host's files are; tests point these at fixture trees.
     pub paths: HostPaths,
     /// Reporting to the repairer.
@@ -42,6 +46,7 @@ impl Default for AgentConfig {
         AgentConfig {
             node: None,
             listen: SocketAddr::from(([0, 0, 0, 0], 9831)),
+            listener: ListenerConfig::AGENT,
             paths: HostPaths::default(),
             report: ReportConfig::default(),
             checks: ChecksConfig::default(),
@@ -442,6 +447,9 @@ impl AgentConfig {
         {
             problems.push("node", format!("{node:?} is not a usable node name"));
         }
+        for (field, message) in self.listener.problems("listener") {
+            problems.push(field, message);
+        }
         let report = &self.report;
         if let Some(url) = &report.repairer
             && !(url.starts_with("http://") || url.starts_with("https://"))
@@ -568,6 +576,22 @@ mod tests {
         );
         let err = AgentConfig::parse("[jobs]\nenable = true\n").unwrap_err();
         assert!(err.contains("enable"), "{err}");
+    }
+
+    #[test]
+    fn the_listener_has_the_agents_defaults_and_bad_fields_are_named() {
+        let listener = AgentConfig::parse("").unwrap().listener;
+        assert_eq!(listener, ListenerConfig::AGENT);
+        assert_eq!(listener.header_timeout, Duration::from_secs(10));
+        assert_eq!(listener.max_connections, 128);
+        let config =
+            AgentConfig::parse("[listener]\nidle_timeout = \"0s\"\nmax_connections = 0\n").unwrap();
+        assert_eq!(config.listener.header_timeout, Duration::from_secs(10));
+        let problems = config.validate();
+        let fields: Vec<&str> = problems.0.iter().map(|p| p.field.as_str()).collect();
+        assert_eq!(fields, ["listener.idle_timeout", "listener.max_connections"], "{problems}");
+        let err = AgentConfig::parse("[listener]\nheader_timeout = 10\n").unwrap_err();
+        assert!(err.contains("header_timeout"), "{err}");
     }
 
     #[test]

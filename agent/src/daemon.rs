@@ -138,11 +138,18 @@ pub async fn start(config: AgentConfig) -> Result<RunningAgent, AgentError> {
         });
     }
     let app = server::router(Arc::clone(&state));
+    let (limits, stats) = (config.listener, Arc::clone(&state.listener));
     tasks.spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown_signal())
-            .await
-            .map_err(AgentError::Serve)
+        fleetmend_listener::serve(
+            listener,
+            app,
+            fleetmend_listener::Plain,
+            limits,
+            stats,
+            shutdown_signal(),
+        )
+        .await
+        .map_err(AgentError::Serve)
     });
     Ok(RunningAgent {
         state,

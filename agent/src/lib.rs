@@ -7,6 +7,8 @@ pub mod commands;
 pub mod config;
 pub mod daemon;
 pub mod evidence;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod gpu;
 pub mod metrics;
 pub mod node;

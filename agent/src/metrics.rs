@@ -68,6 +68,24 @@ pub static AGENT_LAST_REPORT: MetricDesc = gauge(
     "fleetmend_agent_last_report_success_timestamp_seconds",
     "Unix time of the last report the repairer accepted.",
 );
+// --- listener (`/metrics`, `/healthz`, `/v1/health`; names shared with the repairer) -----------
+
+pub static HTTP_CONNECTIONS_OPEN: MetricDesc = gauge(
+    fleetmend_listener::metrics::CONNECTIONS_OPEN,
+    "Connections open on the agent's listener, TLS handshakes included.",
+);
+pub static HTTP_CONNECTIONS_MAX: MetricDesc = gauge(
+    fleetmend_listener::metrics::CONNECTIONS_MAX,
+    "The cap on open connections in force ([listener] max_connections, or less where the descriptor limit did not hold it).",
+);
+pub static HTTP_CONNECTIONS_SHED: MetricDesc = counter(
+    fleetmend_listener::metrics::CONNECTIONS_SHED,
+    "Connections closed at accept because the cap was reached.",
+);
+pub static HTTP_TIMEOUTS: MetricDesc = counter(
+    fleetmend_listener::metrics::TIMEOUTS,
+    "Connections closed because the client overran a deadline, by phase (handshake, header, body, idle).",
+);
 pub static CHECK_STATUS: MetricDesc = gauge(
     "fleetmend_check_status",
     "Worst status per check and subject: 0 ok, 1 warn, 2 fail, 3 unknown.",

@@ -3,7 +3,9 @@
 //!
 //! While the repairer is away the reporter retries with capped exponential backoff and jitter, and
 //! every retry carries the newest state: nothing queues up, so a long outage costs memory for one
-//! report, not one per interval.
+//! report, not one per interval. A refusal that says when to come back (429 beyond the node's rate,
+//! or 503, with `Retry-After`) is honoured, with jitter on top, so agents refused in the same
+//! second do not all come back in the same second either.
 //!
 //! Commands in the repairer's replies go to the agent's [`Commands`]; their results travel in every
 //! report until one carrying them is accepted, and a finished command is reported at once.
@@ -32,7 +34,13 @@ pub enum ReportError {
     #[error("sending the report to {url}: {}", fleetmend_proto::error_chain(source))]
     Send { url: String, source: reqwest::Error },
     #[error("the repairer at {url} refused the report: HTTP {status}: {body}")]
-    Refused { url: String, status: u16, body: String },
+    Refused {
+        url: String,
+        status: u16,
+        body: String,
+        /// `Retry-After` of a 429 or 503: how long the repairer asked to wait.
+        retry_after: Option<Duration>,
+    },
 }
 
 /// Sends reports to one repairer.
@@ -115,11 +123,17 @@ impl Reporter {
         let response =
             request.send().await.map_err(|source| ReportError::Send { url: url(), source })?;
         let status = response.status();
+        let retry_after = retry_after(status.as_u16(), response.headers());
         let body =
             response.bytes().await.map_err(|source| ReportError::Send { url: url(), source })?;
         if !status.is_success() {
             let body = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
-            return Err(ReportError::Refused { url: url(), status: status.as_u16(), body });
+            return Err(ReportError::Refused {
+                url: url(),
+                status: status.as_u16(),
+                body,
+                retry_after,
+            });
         }
         // An empty or unreadable reply still means the report arrived; there is just nothing to do.
         if body.is_empty() {
@@ -138,11 +152,17 @@ impl Reporter {
         backoff(self.config.backoff_initial, self.config.backoff_max, failures)
     }
 
+    /// The wait after a refusal whose `Retry-After` asked for `asked`: see [`after_refusal`].
+    pub fn after_refusal(&self, asked: Duration) -> Duration {
+        after_refusal(asked, self.config.backoff_initial, self.config.backoff_max)
+    }
+
     /// Reports until the process ends: a startup report, then one every interval, at once on a
     /// request or when a command finished, and with backoff while the repairer is away.
     pub async fn run(self, state: Arc<AgentState>) {
         let mut seq = 0u64;
         let mut failures = 0u32;
+        let mut retry_in = Duration::ZERO;
         let mut trigger = ReportTrigger::Startup;
         let mut exits = self.commands.as_ref().and_then(|c| c.ranks()).map(|r| r.exits());
         loop {
@@ -175,7 +195,13 @@ impl Reporter {
                 Err(err) => {
                     failures = failures.saturating_add(1);
                     state.note_report(false);
-                    tracing::warn!(error = %err, failures, "report not delivered");
+                    retry_in = match &err {
+                        ReportError::Refused { retry_after: Some(asked), .. } => {
+                            self.after_refusal(*asked)
+                        }
+                        _ => self.backoff(failures),
+                    };
+                    tracing::warn!(error = %err, failures, retry_in = ?retry_in, "report not delivered");
                 }
             }
             trigger = if failures == 0 {
@@ -186,7 +212,7 @@ impl Reporter {
                     _ = rank_exited(&mut exits) => ReportTrigger::RankExit,
                 }
             } else {
-                tokio::time::sleep(self.backoff(failures)).await;
+                tokio::time::sleep(retry_in).await;
                 if exits.as_ref().is_some_and(|e| e.has_changed().unwrap_or(false)) {
                     ReportTrigger::RankExit
                 } else if self.commands.as_ref().is_some_and(|c| !c.outbox().is_empty()) {
@@ -267,6 +293,24 @@ pub fn build_report(state: &AgentState, seq: u64, trigger: ReportTrigger) -> Rep
     }
 }
 
+/// `Retry-After` of a 429 or 503 in seconds (the HTTP-date form is not used by the repairer: it
+/// and anything unreadable fall back to the backoff).
+fn retry_after(status: u16, headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    if status != 429 && status != 503 {
+        return None;
+    }
+    let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
+    value.trim().parse::<u64>().ok().map(Duration::from_secs)
+}
+
+/// Not before what the repairer asked (at most `max`: a proxy's hour-long `Retry-After` must not
+/// silence the node past its unreachable window), plus up to half as long again (at least half of
+/// `initial`) at random, so a fleet refused in the same second spreads its retries.
+fn after_refusal(asked: Duration, initial: Duration, max: Duration) -> Duration {
+    let floor = asked.min(max);
+    floor + floor.max(initial).mul_f64(0.5 * fastrand::f64())
+}
+
 fn backoff(initial: Duration, max: Duration, failures: u32) -> Duration {
     let exponent = failures.saturating_sub(1).min(20);
     let capped = initial.saturating_mul(1u32 << exponent).min(max);
@@ -290,5 +334,35 @@ mod tests {
             let late = backoff(initial, max, 50);
             assert!(late >= Duration::from_secs(1) && late <= max, "{late:?}");
         }
+    }
+
+    #[test]
+    fn a_refusal_is_waited_out_with_jitter_and_capped() {
+        let (initial, max) = (Duration::from_millis(500), Duration::from_secs(30));
+        let waits: Vec<Duration> =
+            (0..200).map(|_| after_refusal(Duration::from_secs(2), initial, max)).collect();
+        assert!(waits.iter().all(|w| *w >= Duration::from_secs(2) && *w <= Duration::from_secs(3)));
+        // Spread, not one instant for the whole fleet.
+        let (low, high) = (waits.iter().min(), waits.iter().max());
+        assert!(high.zip(low).is_some_and(|(h, l)| *h - *l > Duration::from_millis(200)));
+        let long = after_refusal(Duration::from_secs(3600), initial, max);
+        assert!(long >= max && long <= max + max / 2, "{long:?}");
+        let now = after_refusal(Duration::ZERO, initial, max);
+        assert!(now <= Duration::from_millis(250), "{now:?}");
+    }
+
+    #[test]
+    fn retry_after_is_read_from_429_and_503_only() {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers
+            .insert(reqwest::header::RETRY_AFTER, reqwest::header::HeaderValue::from_static("7"));
+        assert_eq!(retry_after(429, &headers), Some(Duration::from_secs(7)));
+        assert_eq!(retry_after(503, &headers), Some(Duration::from_secs(7)));
+        assert_eq!(retry_after(500, &headers), None);
+        headers.insert(
+            reqwest::header::RETRY_AFTER,
+            reqwest::header::HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
+        );
+        assert_eq!(retry_after(429, &headers), None);
     }
 }

@@ -178,6 +178,8 @@ pub struct AgentState {
     last_report_ok_ms: AtomicU64,
     /// Raised when something worth reporting at once happened.
     report_now: Notify,
+    /// The listener's connection counts, for `/metrics`.
+    pub listener: Arc<fleetmend_listener::ListenerStats>,
 }
 
 impl AgentState {
@@ -191,6 +193,7 @@ impl AgentState {
             reports_failed: AtomicU64::new(0),
             last_report_ok_ms: AtomicU64::new(0),
             report_now: Notify::new(),
+            listener: Arc::default(),
         }
     }
 
@@ -268,6 +271,7 @@ impl AgentState {
             )
             .label("result", "error"),
         ];
+        samples.extend(listener_samples(&self.listener));
         let last_ok = self.last_report_ok_ms.load(Ordering::Relaxed);
         if last_ok > 0 {
             samples.push(Sample::new(&metrics::AGENT_LAST_REPORT, last_ok as f64 / 1000.0));
@@ -360,4 +364,19 @@ pub fn unix_millis(time: SystemTime) -> u64 {
 
 pub fn unix_seconds(time: SystemTime) -> f64 {
     time.duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+/// The listener's series: open connections, the cap, shed connections, deadlines overrun by phase.
+fn listener_samples(stats: &fleetmend_listener::ListenerStats) -> Vec<Sample> {
+    let mut samples = vec![
+        Sample::new(&metrics::HTTP_CONNECTIONS_OPEN, stats.open() as f64),
+        Sample::new(&metrics::HTTP_CONNECTIONS_MAX, stats.max() as f64),
+        Sample::new(&metrics::HTTP_CONNECTIONS_SHED, stats.shed() as f64),
+    ];
+    for (phase, count) in stats.timeouts() {
+        samples.push(
+            Sample::new(&metrics::HTTP_TIMEOUTS, count as f64).label("phase", phase.as_str()),
+        );
+    }
+    samples
 }

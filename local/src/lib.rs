@@ -4,6 +4,8 @@
 //! scenarios that measure the loop end to end.
 
 pub mod faults;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod provider;
 pub mod scenario;
 pub mod tree;

@@ -297,7 +297,8 @@ impl RepairerProcess {
         // Xid 79 (reboot), and with 2 repairs at once the rest would be held before their drain.
         // 200 of 100,000 nodes is 0.2 %: far below max_unavailable_fraction (10 %). The breaker
         // (see BreakerSettings) is written out so the reader sees what it lets through.
-        // unreachable_after: see UNREACHABLE_AFTER.
+        // unreachable_after: see UNREACHABLE_AFTER. The node rate is lifted: the generator replays
+        // agents far faster than they report, and the ingest is measured, not the rate limit.
         let text = format!(
             "listen = \"{addr}\"\n\
              store = \"{}\"\n\
@@ -314,7 +315,9 @@ impl RepairerProcess {
              breaker_window = \"10m\"\n\
              [engine]\n\
              report_interval = \"10s\"\n\
-             unreachable_after = {UNREACHABLE_AFTER}\n",
+             unreachable_after = {UNREACHABLE_AFTER}\n\
+             [rate_limits]\n\
+             node = {{ per_second = 1e9, burst = 1000000 }}\n",
             store.display(),
             breaker.fraction,
             breaker.min_nodes,

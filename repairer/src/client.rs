@@ -373,7 +373,7 @@ fn ago(now_ms: u64, then_ms: u64) -> String {
     }
 }
 
-/// `fleetmend nodes` as a table.
+/// `fleetmend nodes` as a table; a node outside the inventory is in the state `unknown`.
 pub fn nodes_table(nodes: &[NodeSummary], now_ms: u64) -> String {
     let mut rows = vec![
         ["NODE", "STATE", "SINCE", "LAST REPORT", "FAILING", "WORKFLOW"]
@@ -381,9 +381,11 @@ pub fn nodes_table(nodes: &[NodeSummary], now_ms: u64) -> String {
             .to_vec(),
     ];
     for n in nodes {
+        // A node outside the inventory is shown, never acted on: its state says nothing.
+        let state = if n.unknown { "unknown".to_owned() } else { n.state.to_string() };
         rows.push(vec![
             n.name.clone(),
-            n.state.to_string(),
+            state,
             ago(now_ms, n.state_since_ms),
             ago(now_ms, n.last_report_ms),
             n.failing.to_string(),
@@ -470,7 +472,7 @@ mod tests {
 
     #[test]
     fn node_table_aligns_columns() {
-        let nodes = vec![NodeSummary {
+        let draining = NodeSummary {
             name: "gpu-node-017".into(),
             state: NodeState::Draining,
             state_since_ms: 0,
@@ -478,11 +480,20 @@ mod tests {
             boot_id: "b".into(),
             failing: 2,
             workflow: Some(7),
-        }];
-        let text = nodes_table(&nodes, 10_000);
+            unknown: false,
+        };
+        let invented = NodeSummary {
+            name: "made-up-1".into(),
+            state: NodeState::Healthy,
+            workflow: None,
+            unknown: true,
+            ..draining.clone()
+        };
+        let text = nodes_table(&[draining, invented], 10_000);
         let lines: Vec<&str> = text.lines().collect();
         assert!(lines[0].starts_with("NODE          STATE"), "{text}");
         assert!(lines[1].contains("draining") && lines[1].contains(" 7"), "{text}");
+        assert!(lines[2].starts_with("made-up-1     unknown "), "{text}");
     }
 
     #[test]

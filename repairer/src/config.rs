@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use fleetmend_listener::ListenerConfig;
 use serde::Deserialize;
 
 use crate::access::{Credential, Role};
@@ -10,6 +11,7 @@ use crate::alerts::AlertsConfig;
 use crate::allreduce::AllreduceConfig;
 use crate::engine::EngineConfig;
 use crate::inbound::InboundConfig;
+use crate::limits::RateLimitsConfig;
 use crate::policy::Policy;
 use crate::provider::config::ProviderConfig;
 pub use crate::workflow::trace::TelemetryConfig;
@@ -20,6 +22,11 @@ pub use crate::workflow::trace::TelemetryConfig;
 pub struct RepairerConfig {
     /// Address of the API, the agents' report endpoint, the alert webhooks and `/metrics`.
     pub listen: SocketAddr,
+    /// Deadlines and the connection cap of that listener (`[listener]`).
+    #[serde(deserialize_with = "ListenerConfig::repairer")]
+    pub listener: ListenerConfig,
+    /// Requests a second per credential, and per peer address without one (`[rate_limits]`).
+    pub rate_limits: RateLimitsConfig,
     /// Allow listening on a non-loopback address without TLS or tokens (a lab; never
     /// production); said at start. `fleetmend repairer --insecure` sets it.
     pub insecure: bool,
@@ -63,6 +70,9 @@ pub struct RepairerConfig {
     pub telemetry: TelemetryConfig,
     /// The allreduce probe of nodes against the fleet (`[allreduce]`).
     pub allreduce: AllreduceConfig,
+    /// Which nodes exist (`[inventory]`): names, hostlist patterns, a file or Slurm's node list.
+    /// Absent: every node that reports is in the fleet and counts in the guard rails' shares.
+    pub inventory: Option<crate::inventory::InventoryConfig>,
 }
 
 /// The scheduler backend.
@@ -82,6 +92,8 @@ impl Default for RepairerConfig {
     fn default() -> Self {
         RepairerConfig {
             listen: SocketAddr::from(([0, 0, 0, 0], 9830)),
+            listener: ListenerConfig::REPAIRER,
+            rate_limits: RateLimitsConfig::default(),
             insecure: false,
             tls: None,
             store: PathBuf::from("/var/lib/fleetmend/repairer.db"),
@@ -103,6 +115,7 @@ impl Default for RepairerConfig {
             inbound: InboundConfig::default(),
             telemetry: TelemetryConfig::default(),
             allreduce: AllreduceConfig::default(),
+            inventory: None,
         }
     }
 }
@@ -186,8 +199,11 @@ impl RepairerConfig {
                 "a non-loopback address needs TLS ([tls] cert and key; or `insecure = true` / --insecure for plain HTTP in a lab)",
             );
         }
-        if self.tls.as_ref().is_some_and(|t| t.handshake_timeout.is_zero()) {
-            push("tls.handshake_timeout", "must be greater than zero");
+        if self.tls.as_ref().is_some_and(|t| t.handshake_timeout.is_some()) {
+            push(
+                "tls.handshake_timeout",
+                "replaced by listener.header_timeout: the handshake and the first request's head now share that deadline",
+            );
         }
         if open_to_the_network && self.node_tokens_file.is_some() && self.alerts_token.is_none() {
             push(
@@ -223,9 +239,15 @@ impl RepairerConfig {
         if self.engine.tick.is_zero() {
             push("engine.tick", "must be greater than zero");
         }
+        problems.extend(self.listener.problems("listener"));
+        problems.extend(self.rate_limits.problems("rate_limits"));
         problems.extend(self.queue.problems("queue"));
         problems.extend(self.allreduce.problems("allreduce"));
         problems.extend(self.slurm.problems("slurm"));
+        if let Some(inventory) = &self.inventory {
+            let slurm = self.scheduler == SchedulerKind::Slurm;
+            problems.extend(inventory.problems("inventory", slurm));
+        }
         problems.extend(self.policy.problems("policy"));
         problems.extend(
             self.provider
@@ -351,6 +373,59 @@ mod tests {
         assert_eq!(config.queue.progress_base(any, "repairer-1"), "https://fleet.example:9830");
         let fields: Vec<String> = config.problems().into_iter().map(|p| p.0).collect();
         assert_eq!(fields, ["queue.start_timeout"]);
+    }
+
+    #[test]
+    fn the_listener_and_rate_limits_have_defaults_for_a_large_fleet_and_name_bad_fields() {
+        let config = RepairerConfig::parse("listen = \"127.0.0.1:9830\"").unwrap();
+        assert_eq!(config.listener, ListenerConfig::REPAIRER);
+        assert_eq!(config.listener.header_timeout, std::time::Duration::from_secs(10));
+        assert_eq!(config.listener.max_connections, 16_384);
+        assert_eq!(config.rate_limits, RateLimitsConfig::default());
+        let config = RepairerConfig::parse(
+            "listen = \"127.0.0.1:9830\"\n[listener]\nheader_timeout = \"2s\"\nbody_timeout = \"0s\"\n\
+             [rate_limits]\nnode = { per_second = 0.5, burst = 0 }\n\
+             [tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\nhandshake_timeout = \"5s\"",
+        )
+        .unwrap();
+        assert_eq!(config.listener.header_timeout, std::time::Duration::from_secs(2));
+        assert_eq!(config.listener.idle_timeout, std::time::Duration::from_secs(30));
+        assert_eq!(config.rate_limits.node.per_second, 0.5);
+        assert_eq!(config.rate_limits.person, RateLimitsConfig::default().person);
+        let fields: Vec<String> = config.problems().into_iter().map(|p| p.0).collect();
+        assert_eq!(
+            fields,
+            ["tls.handshake_timeout", "listener.body_timeout", "rate_limits.node.burst"]
+        );
+        let err = RepairerConfig::parse("[rate_limits.node]\nper_second = 1.0\n").unwrap_err();
+        assert!(err.contains("burst"), "{err}");
+        let err = RepairerConfig::parse("[listener]\nmax_conections = 5\n").unwrap_err();
+        assert!(err.contains("max_conections"), "{err}");
+    }
+
+    #[test]
+    fn the_inventory_is_optional_typed_and_validated_by_field() {
+        let config = RepairerConfig::parse("listen = \"127.0.0.1:9830\"").unwrap();
+        assert_eq!(config.inventory, None, "no [inventory]: every reporting node is in the fleet");
+        let config = RepairerConfig::parse(
+            "listen = \"127.0.0.1:9830\"\n[inventory]\nnodes = [\"gpu-[001-128]\", \"cpu[1-3]\"]\n\
+             unknown_nodes = \"admit\"\nmax_unknown = 50",
+        )
+        .unwrap();
+        let inventory = config.inventory.as_ref().unwrap();
+        assert_eq!(inventory.unknown_nodes, crate::inventory::UnknownNodes::Admit);
+        assert_eq!(inventory.max_unknown, 50);
+        assert!(config.problems().is_empty(), "{:?}", config.problems());
+        let config = RepairerConfig::parse(
+            "listen = \"127.0.0.1:9830\"\n[inventory]\nnodes = [\"gpu-[001-\"]\nslurm = true",
+        )
+        .unwrap();
+        let problems = config.problems();
+        let fields: Vec<&str> = problems.iter().map(|p| p.0.as_str()).collect();
+        assert_eq!(fields, ["inventory.nodes[0]", "inventory.slurm"], "{problems:?}");
+        assert!(problems[0].1.contains("position 5"), "{problems:?}");
+        let err = RepairerConfig::parse("[inventory]\nnode = [\"a\"]").unwrap_err();
+        assert!(err.contains("node"), "{err}");
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
 
 use crate::alerts::Alerts;
+use crate::inventory::InventoryFigures;
 use crate::metrics::*;
 use crate::model::NodeState;
 use crate::queue::QueueMetrics;
@@ -21,10 +22,16 @@ pub struct Snapshot<'a> {
     pub alerts: Option<&'a Alerts>,
     /// Agent reports received, by outcome.
     pub reports: &'a BTreeMap<&'a str, u64>,
-    /// Other requests refused for their credential, by status (401, 403).
+    /// Requests refused for their credential, by status (401, 403; 429 beyond its rate).
     pub refused: &'a [(&'a str, u64)],
+    /// The listener's connections: open, the cap, shed, deadlines overrun.
+    pub listener: &'a fleetmend_listener::ListenerStats,
     /// The embedded queue's figures, when it runs.
     pub queue: Option<QueueMetrics>,
+    /// The inventory's figures, when one is configured.
+    pub inventory: Option<InventoryFigures>,
+    /// Nodes held as unknown (outside the inventory).
+    pub nodes_unknown: u32,
 }
 
 fn family(name: &str, help: &str, kind: MetricType) -> MetricFamily {
@@ -69,9 +76,23 @@ fn push_counter(family: &mut MetricFamily, pairs: &[(&str, &str)], value: f64) {
 pub fn encode(snapshot: &Snapshot<'_>) -> String {
     let mut families = Vec::new();
 
-    let mut nodes = family(NODES, "Nodes by state.", MetricType::GAUGE);
+    let mut nodes = family(
+        NODES,
+        "Nodes of the fleet (inventoried, where an inventory is configured) by state.",
+        MetricType::GAUGE,
+    );
     for (state, count) in &snapshot.node_states {
         push_gauge(&mut nodes, &[("state", state.as_str())], *count as f64);
+    }
+    let mut unknown = family(
+        NODES_UNKNOWN,
+        "Nodes held as unknown: reporting from outside the inventory, never counted or acted on.",
+        MetricType::GAUGE,
+    );
+    push_gauge(&mut unknown, &[], f64::from(snapshot.nodes_unknown));
+    families.push(unknown);
+    if let Some(inventory) = &snapshot.inventory {
+        families.extend(inventory_families(inventory));
     }
     let mut breaker =
         family(BREAKER_OPEN, "1 while the breaker stops automatic action.", MetricType::GAUGE);
@@ -97,13 +118,14 @@ pub fn encode(snapshot: &Snapshot<'_>) -> String {
     }
     let mut refused = family(
         API_REFUSED,
-        "API requests other than reports refused for their credential, by status (401 none or unknown, 403 not allowed).",
+        "API requests refused for their credential, by status (401 none or unknown, 403 not allowed: requests other than reports; 429 beyond the caller's rate: every request).",
         MetricType::COUNTER,
     );
     for (status, count) in snapshot.refused {
         push_counter(&mut refused, &[("status", status)], *count as f64);
     }
     families.extend([sent, received, refused]);
+    families.extend(listener_families(snapshot.listener));
 
     if let Some(queue) = &snapshot.queue {
         families.extend(queue_families(queue));
@@ -115,6 +137,52 @@ pub fn encode(snapshot: &Snapshot<'_>) -> String {
         tracing::error!(error = %err, "encoding metrics failed");
     }
     out
+}
+
+/// The listener's connections (names shared with the agent's `/metrics`).
+fn listener_families(stats: &fleetmend_listener::ListenerStats) -> Vec<MetricFamily> {
+    let mut open = family(
+        CONNECTIONS_OPEN,
+        "Connections open on the repairer's listener, TLS handshakes included.",
+        MetricType::GAUGE,
+    );
+    push_gauge(&mut open, &[], stats.open() as f64);
+    let mut max = family(
+        CONNECTIONS_MAX,
+        "The cap on open connections in force ([listener] max_connections, or less where the descriptor limit did not hold it).",
+        MetricType::GAUGE,
+    );
+    push_gauge(&mut max, &[], stats.max() as f64);
+    let mut shed = family(
+        CONNECTIONS_SHED,
+        "Connections closed at accept because the cap was reached.",
+        MetricType::COUNTER,
+    );
+    push_counter(&mut shed, &[], stats.shed() as f64);
+    let mut timeouts = family(
+        HTTP_TIMEOUTS,
+        "Connections closed because the client overran a deadline, by phase (handshake, header, body, idle).",
+        MetricType::COUNTER,
+    );
+    for (phase, count) in stats.timeouts() {
+        push_counter(&mut timeouts, &[("phase", phase.as_str())], count as f64);
+    }
+    vec![open, max, shed, timeouts]
+}
+
+/// The inventory's size and the reads of its file and of Slurm's list.
+fn inventory_families(inventory: &InventoryFigures) -> Vec<MetricFamily> {
+    let mut size = family(INVENTORY_NODES, "Node names in the inventory.", MetricType::GAUGE);
+    push_gauge(&mut size, &[], inventory.nodes as f64);
+    let mut reads = family(
+        INVENTORY_REFRESHES,
+        "Reads of the inventory's file (when it changed) and of Slurm's node list, by source and outcome (a failed read keeps the list before).",
+        MetricType::COUNTER,
+    );
+    for (source, outcome, count) in &inventory.refreshes {
+        push_counter(&mut reads, &[("source", source), ("outcome", outcome)], *count as f64);
+    }
+    vec![size, reads]
 }
 
 /// The embedded queue's metrics. The `job` label is bounded: every unfinished job and the most

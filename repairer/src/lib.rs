@@ -12,8 +12,12 @@ pub mod commands;
 pub mod config;
 pub mod engine;
 pub mod exposition;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod identity;
 pub mod inbound;
+pub mod limits;
+pub mod inventory;
 pub mod metrics;
 pub mod model;
 pub mod nodes;

@@ -13,6 +13,12 @@ use prometheus::{Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opt
 use crate::model::RuleAction;
 
 pub const NODES: &str = "fleetmend_nodes";
+/// Nodes held as unknown (reporting from outside the inventory).
+pub const NODES_UNKNOWN: &str = "fleetmend_nodes_unknown";
+/// Node names in the inventory.
+pub const INVENTORY_NODES: &str = "fleetmend_inventory_nodes";
+/// Reads of the inventory's file and of Slurm's node list, by source and outcome.
+pub const INVENTORY_REFRESHES: &str = "fleetmend_inventory_refreshes_total";
 pub const REPAIRS: &str = "fleetmend_repairs_total";
 pub const DECISIONS: &str = "fleetmend_decisions_total";
 pub const STORE_ERRORS: &str = "fleetmend_store_errors_total";
@@ -22,6 +28,10 @@ pub const TIME_TO_REPAIR: &str = "fleetmend_time_to_repair_seconds";
 pub const ALERTS_SENT: &str = "fleetmend_alerts_sent_total";
 pub const REPORTS_RECEIVED: &str = "fleetmend_reports_received_total";
 pub const API_REFUSED: &str = "fleetmend_api_refused_total";
+/// The listener's series, named where the agent's are too.
+pub use fleetmend_listener::metrics::{
+    CONNECTIONS_MAX, CONNECTIONS_OPEN, CONNECTIONS_SHED, TIMEOUTS as HTTP_TIMEOUTS,
+};
 /// Jobs of the embedded queue by state.
 pub const JOBS: &str = "fleetmend_jobs";
 pub const JOB_RESTARTS: &str = "fleetmend_job_restarts_total";
@@ -309,7 +319,43 @@ mod tests {
             reports: &reports,
             refused: &[("401", 2)],
             queue: None,
+            listener: &fleetmend_listener::ListenerStats::default(),
+            inventory: None,
+            nodes_unknown: 0,
         })
+    }
+
+    #[test]
+    fn the_inventory_and_the_unknown_nodes_are_exported() {
+        let metrics = RepairerMetrics::new();
+        let reports = BTreeMap::from([("ok", 1), ("unknown_refused", 5000)]);
+        let text = encode(&Snapshot {
+            node_states: NodeState::ALL.iter().map(|s| (*s, 0)).collect(),
+            breaker_open: false,
+            metrics: &metrics,
+            alerts: None,
+            reports: &reports,
+            refused: &[],
+            queue: None,
+            inventory: Some(crate::inventory::InventoryFigures {
+                nodes: 128,
+                refreshes: vec![("slurm", "error", 2), ("slurm", "ok", 7)],
+            }),
+            nodes_unknown: 3,
+            listener: &fleetmend_listener::ListenerStats::default(),
+        });
+        for (series, value) in [
+            ("fleetmend_inventory_nodes", 128.0),
+            ("fleetmend_nodes_unknown", 3.0),
+            (r#"fleetmend_inventory_refreshes_total{source="slurm",outcome="error"}"#, 2.0),
+            (r#"fleetmend_inventory_refreshes_total{source="slurm",outcome="ok"}"#, 7.0),
+            (r#"fleetmend_reports_received_total{outcome="unknown_refused"}"#, 5000.0),
+        ] {
+            assert_eq!(sample(&text, series), Some(value), "{series} in:\n{text}");
+        }
+        let without = exposition(&metrics);
+        assert!(!without.contains(INVENTORY_NODES), "no inventory, no size: {without}");
+        assert_eq!(sample(&without, NODES_UNKNOWN), Some(0.0), "{without}");
     }
 
     /// The value of the sample written exactly `series` (name and labels) in `text`.
@@ -362,6 +408,11 @@ mod tests {
             (r#"fleetmend_nodes{state="healthy"}"#, 0.0),
             ("fleetmend_breaker_open", 0.0),
             (r#"fleetmend_reports_received_total{outcome="ok"}"#, 3.0),
+            // The listener's series, every phase from the start.
+            ("fleetmend_http_connections_open", 0.0),
+            ("fleetmend_http_connections_shed_total", 0.0),
+            (r#"fleetmend_http_timeouts_total{phase="header"}"#, 0.0),
+            (r#"fleetmend_http_timeouts_total{phase="handshake"}"#, 0.0),
         ] {
             assert_eq!(sample(&text, series), Some(value), "{series} in:\n{text}");
         }
@@ -376,10 +427,15 @@ mod tests {
             (TIME_TO_DRAIN, "histogram"),
             (TIME_TO_REPAIR, "histogram"),
             (NODES, "gauge"),
+            (NODES_UNKNOWN, "gauge"),
             (BREAKER_OPEN, "gauge"),
             (REPORTS_RECEIVED, "counter"),
             (ALLREDUCE_PROBES, "counter"),
             (ALLREDUCE_MEDIAN, "gauge"),
+            (CONNECTIONS_OPEN, "gauge"),
+            (CONNECTIONS_MAX, "gauge"),
+            (CONNECTIONS_SHED, "counter"),
+            (HTTP_TIMEOUTS, "counter"),
         ] {
             assert!(text.contains(&format!("# TYPE {name} {kind}\n")), "{name} in:\n{text}");
         }
@@ -388,7 +444,7 @@ mod tests {
             assert!(sample(&text, &series).is_some(), "{series} in:\n{text}");
         }
         // Each family once: the registry's and the scrape-time ones never overlap.
-        assert_eq!(text.matches("# TYPE ").count(), 11, "{text}");
+        assert_eq!(text.matches("# TYPE ").count(), 16, "{text}");
         // Reports the engine took in are counted by the API's outcome series, not twice.
         assert!(!text.contains("fleetmend_engine_reports_ok_total"), "{text}");
 

@@ -294,6 +294,9 @@ pub enum EventKind {
     SpareHeld,
     /// An evidence bundle was kept before a disruptive repair (or none came in time).
     Evidence,
+    /// A node outside the inventory reported and is held as unknown, or a known node left the
+    /// inventory (warning: raised once per node); or it came into the inventory (info: cleared).
+    NodeUnknown,
 }
 
 impl EventKind {
@@ -325,6 +328,7 @@ impl EventKind {
             EventKind::JobStraggler => "job-straggler",
             EventKind::Evidence => "evidence",
             EventKind::SpareHeld => "spare-held",
+            EventKind::NodeUnknown => "node-unknown",
         }
     }
 }

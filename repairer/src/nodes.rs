@@ -5,6 +5,9 @@
 //! unhealthy within the breaker window, nodes by state) are kept as records change, not counted
 //! over the fleet on each decision: every change to a record goes through [`NodesGuard::update`],
 //! which takes the record's share out of the counts before and puts it back after.
+//!
+//! A node outside the inventory (`crate::inventory`) admitted as `unknown` has a record (it is
+//! shown) whose share is nothing: no guard rail, no breaker and no job placement counts it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -12,7 +15,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use fleetmend_proto::{Finding, Report, Status};
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Actor, Event, FindingKey, FindingSource, NodeState, Severity, TrackedFinding};
+use crate::model::{
+    Actor, Event, EventKind, FindingKey, FindingSource, NodeState, Severity, TrackedFinding,
+};
 use crate::policy::{FleetView, RepairRecord};
 use crate::ports::{EventLog, Heartbeats, NodeHealth};
 use crate::store::StoreError;
@@ -65,6 +70,10 @@ pub struct NodeRecord {
     /// rendezvous); none until an agent that tells it reports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
+    /// Not in the inventory: shown, never counted by a guard rail, never a scrape target, never
+    /// decided about (so never drained, rebooted or replaced).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unknown: bool,
 }
 
 /// How many repairs a node's history keeps.
@@ -92,6 +101,7 @@ impl NodeRecord {
             drained_by_person: false,
             metrics_target: None,
             address: None,
+            unknown: false,
         }
     }
 
@@ -116,11 +126,24 @@ impl NodeRecord {
         }
     }
 
-    /// What this record adds to the fleet's counts.
+    /// What this record adds to the fleet's counts: nothing but the unknown count for a node
+    /// outside the inventory.
     fn share(&self) -> Share {
+        if self.unknown {
+            return Share {
+                state: self.state,
+                unknown: true,
+                member: false,
+                unavailable: false,
+                in_repair: false,
+                unhealthy_since_ms: None,
+                timed: false,
+            };
+        }
         let member = self.state.is_member();
         Share {
             state: self.state,
+            unknown: false,
             member,
             unavailable: self.state.is_unavailable(),
             in_repair: matches!(self.state, NodeState::Repairing | NodeState::Validating),
@@ -168,10 +191,41 @@ pub(crate) fn transition(
     Ok(())
 }
 
+/// Marks `node` outside the inventory (`unknown`) or inside it, writing its `node-unknown` event
+/// first: a warning when it leaves (the alert sinks raise it once), info when it comes in (they
+/// clear it). True when it changed.
+pub(crate) fn set_unknown(
+    events: &EventLog,
+    node: &mut NodeRecord,
+    unknown: bool,
+    reason: &str,
+    now: u64,
+) -> Result<bool, StoreError> {
+    if node.unknown == unknown {
+        return Ok(false);
+    }
+    let severity = if unknown { Severity::Warning } else { Severity::Info };
+    events.record(&Event::new(
+        EventKind::NodeUnknown,
+        severity,
+        Some(&node.name),
+        Actor::repairer(),
+        reason,
+        now,
+    ))?;
+    node.unknown = unknown;
+    Ok(true)
+}
+
+/// Why a node is shown as unknown, for its event.
+pub(crate) const UNKNOWN_REASON: &str = "not in the inventory: shown as unknown, never counted by a guard rail, never a scrape target, never drained, rebooted or replaced";
+
 /// One record's part of the counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Share {
     state: NodeState,
+    /// Outside the inventory: counted here alone.
+    unknown: bool,
     member: bool,
     unavailable: bool,
     in_repair: bool,
@@ -182,7 +236,10 @@ struct Share {
 /// The fleet's counts, kept as records change.
 #[derive(Debug, Default)]
 struct Counts {
+    /// Inventoried nodes by state.
     by_state: BTreeMap<NodeState, u64>,
+    /// Nodes held as unknown (outside the inventory).
+    unknown: u32,
     members: u32,
     unavailable: u32,
     in_repair: u32,
@@ -199,6 +256,10 @@ struct Counts {
 
 impl Counts {
     fn add(&mut self, name: &str, share: Share) {
+        if share.unknown {
+            self.unknown += 1;
+            return;
+        }
         if share.timed {
             self.timed.insert(name.to_owned());
         }
@@ -215,6 +276,10 @@ impl Counts {
     }
 
     fn remove(&mut self, name: &str, share: Share) {
+        if share.unknown {
+            self.unknown = self.unknown.saturating_sub(1);
+            return;
+        }
         if share.timed {
             self.timed.remove(name);
         }
@@ -313,7 +378,35 @@ impl Nodes {
         self.lock().inner.records.values().cloned().collect()
     }
 
-    /// Counts of nodes by state (every state, zero included).
+    /// How many nodes are held as unknown (outside the inventory).
+    pub fn unknown_count(&self) -> u32 {
+        self.lock().inner.counts.unknown
+    }
+
+    /// Marks every node outside the inventory unknown and every node inside it known (`known`
+    /// says which are in; with no inventory every node is), each change with its event and
+    /// saved: after the inventory changed, and at start (the config may have changed). Returns how
+    /// many changed.
+    pub fn apply_inventory(
+        &self,
+        known: impl Fn(&str) -> bool,
+        now: u64,
+    ) -> Result<usize, NodeError> {
+        let mut nodes = self.lock();
+        let moved: Vec<(String, bool)> = nodes
+            .records()
+            .filter(|n| n.unknown == known(&n.name))
+            .map(|n| (n.name.clone(), !n.unknown))
+            .collect();
+        for (name, unknown) in &moved {
+            let reason = if *unknown { UNKNOWN_REASON } else { "in the inventory now" };
+            nodes.update(name, |node, events| set_unknown(events, node, *unknown, reason, now))?;
+            nodes.save(name)?;
+        }
+        Ok(moved.len())
+    }
+
+    /// Counts of inventoried nodes by state (every state, zero included).
     pub fn state_counts(&self) -> BTreeMap<NodeState, u64> {
         let nodes = self.lock();
         NodeState::ALL
@@ -333,6 +426,7 @@ impl crate::ports::FleetView for Nodes {
             .inner
             .records
             .values()
+            .filter(|n| !n.unknown)
             .map(|n| NodeHealth { name: n.name.clone(), state: n.state, last_report_ms: heard(n) })
             .collect()
     }
@@ -377,6 +471,11 @@ impl NodesGuard<'_> {
         self.inner.counts.generation
     }
 
+    /// How many nodes are held as unknown (outside the inventory).
+    pub(crate) fn unknown_count(&self) -> u32 {
+        self.inner.counts.unknown
+    }
+
     /// Adds a node the repairer did not know.
     pub(crate) fn insert(&mut self, record: NodeRecord) {
         let inner = &mut *self.inner;
@@ -384,7 +483,10 @@ impl NodesGuard<'_> {
             inner.counts.remove(&old.name, old.share());
         }
         inner.counts.add(&record.name, record.share());
-        inner.counts.generation += 1;
+        // An unknown node is no part of the fleet the job queue places on.
+        if !record.unknown {
+            inner.counts.generation += 1;
+        }
         inner.records.insert(record.name.clone(), record);
     }
 
@@ -404,7 +506,7 @@ impl NodesGuard<'_> {
         if before != after {
             inner.counts.remove(name, before);
             inner.counts.add(name, after);
-            if before.state != after.state {
+            if before.state != after.state || before.unknown != after.unknown {
                 inner.counts.generation += 1;
             }
         }
@@ -559,126 +661,5 @@ pub(crate) fn remove_findings(
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-
-    use fleetmend_proto::{RecommendedAction, ReportTrigger, Verdict, WIRE_VERSION};
-
-    use super::*;
-
-    fn report(address: Option<&str>, metrics_port: Option<u16>) -> Report {
-        Report {
-            wire_version: WIRE_VERSION,
-            node: "gpu-a".to_owned(),
-            boot_id: "b1".to_owned(),
-            agent_version: "test".to_owned(),
-            seq: 1,
-            sent_at_ms: 0,
-            trigger: ReportTrigger::Interval,
-            verdict: Verdict::Healthy,
-            checks: Vec::new(),
-            findings: Vec::new(),
-            command_results: Vec::new(),
-            address: address.map(str::to_owned),
-            ranks: Vec::new(),
-            metrics_port,
-        }
-    }
-
-    #[test]
-    fn the_metrics_target_is_the_reported_address_or_the_node_name_and_the_port() {
-        assert_eq!(
-            metrics_target(&report(Some("10.0.0.1"), Some(9831))).as_deref(),
-            Some("10.0.0.1:9831")
-        );
-        assert_eq!(metrics_target(&report(None, Some(9831))).as_deref(), Some("gpu-a:9831"));
-        assert_eq!(metrics_target(&report(Some(""), Some(9831))).as_deref(), Some("gpu-a:9831"));
-        assert_eq!(
-            metrics_target(&report(Some("fd00::1"), Some(9831))).as_deref(),
-            Some("[fd00::1]:9831")
-        );
-        // An agent older than the field: no target rather than a guessed port.
-        assert_eq!(metrics_target(&report(Some("10.0.0.1"), None)), None);
-    }
-
-    #[test]
-    fn records_saved_before_the_metrics_target_existed_still_load() {
-        let mut record = NodeRecord::new("gpu-a", 1);
-        let mut json = serde_json::to_value(&record).unwrap();
-        assert!(json.get("metrics_target").is_none(), "none is not written: {json}");
-        json.as_object_mut().unwrap().remove("metrics_target");
-        assert_eq!(serde_json::from_value::<NodeRecord>(json).unwrap(), record);
-        record.metrics_target = Some("10.0.0.1:9831".to_owned());
-        let saved = serde_json::to_string(&record).unwrap();
-        assert_eq!(serde_json::from_str::<NodeRecord>(&saved).unwrap(), record);
-    }
-
-    fn nodes() -> (tempfile::TempDir, Nodes) {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(crate::store::Store::open(&dir.path().join("r.db")).unwrap());
-        let metrics = Arc::new(crate::metrics::RepairerMetrics::new());
-        let nodes = Nodes::load(Arc::new(EventLog::new(store, metrics))).unwrap();
-        (dir, nodes)
-    }
-
-    /// The counts kept as records change equal a count over the fleet, whatever changed.
-    #[test]
-    fn the_counts_follow_every_change_of_a_record() {
-        let (_dir, nodes) = nodes();
-        let mut guard = nodes.lock();
-        for i in 0..50u64 {
-            guard.insert(NodeRecord::new(&format!("n{i}"), 0));
-        }
-        let states = NodeState::ALL;
-        let mut rng = fastrand::Rng::with_seed(7);
-        for step in 0..2_000u64 {
-            let name = format!("n{}", rng.u64(0..50));
-            let to = states[rng.usize(0..states.len())];
-            let since = if rng.bool() { Some(rng.u64(0..1_000)) } else { None };
-            let finding = rng.bool().then(|| {
-                Finding::new("gpu", "xid", "0", Status::Fail, RecommendedAction::Reboot, "")
-            });
-            guard
-                .update(&name, |node, events| {
-                    node.unhealthy_since_ms = since;
-                    node.findings.clear();
-                    if let Some(finding) = &finding {
-                        track(node, FindingSource::Agent, &[finding], step);
-                    }
-                    transition(events, node, to, "test", Actor::repairer(), step)
-                })
-                .unwrap();
-            if step % 97 == 0 {
-                guard.forget_unhealthy_since();
-            }
-            let now = 1_000;
-            let window = 300;
-            let (fleet, recent) = guard.fleet(now, Some(window));
-            let records: Vec<&NodeRecord> = guard.records().collect();
-            let members = records.iter().filter(|n| n.state.is_member()).count() as u32;
-            let unavailable = records.iter().filter(|n| n.state.is_unavailable()).count() as u32;
-            let in_repair = records
-                .iter()
-                .filter(|n| matches!(n.state, NodeState::Repairing | NodeState::Validating))
-                .count() as u32;
-            let counted_recent = records
-                .iter()
-                .filter(|n| {
-                    n.state.is_member()
-                        && n.unhealthy_since_ms.is_some_and(|t| now.saturating_sub(t) <= window)
-                })
-                .count() as u32;
-            assert_eq!(
-                (fleet.members, fleet.unavailable, fleet.repairs_in_flight, recent),
-                (members, unavailable, in_repair, counted_recent),
-                "after change {step}"
-            );
-            let timed: Vec<String> =
-                records.iter().filter(|n| n.timed()).map(|n| n.name.clone()).collect();
-            assert_eq!(guard.timed(), timed, "after change {step}");
-        }
-        drop(guard);
-        let by_state = nodes.state_counts();
-        assert_eq!(by_state.values().sum::<u64>(), 50);
-    }
-}
+#[path = "nodes_tests.rs"]
+mod tests;

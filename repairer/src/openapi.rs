@@ -18,7 +18,8 @@ pub const SPEC: &str = r##"{
       "NodeSummary": { "type": "object", "properties": {
         "name": { "type": "string" }, "state": { "$ref": "#/components/schemas/NodeState" },
         "state_since_ms": { "type": "integer" }, "last_report_ms": { "type": "integer" },
-        "boot_id": { "type": "string" }, "failing": { "type": "integer" }, "workflow": { "type": "integer", "nullable": true } } },
+        "boot_id": { "type": "string" }, "failing": { "type": "integer" }, "workflow": { "type": "integer", "nullable": true },
+        "unknown": { "type": "boolean", "description": "not in the inventory: shown only, never counted by a guard rail or acted on" } } },
       "Event": { "type": "object", "properties": {
         "id": { "type": "integer" }, "at_ms": { "type": "integer" }, "kind": { "type": "string" },
         "severity": { "type": "string", "enum": ["info", "warning", "critical"] }, "node": { "type": "string", "nullable": true },
@@ -61,7 +62,7 @@ pub const SPEC: &str = r##"{
   "paths": {
     "/v1/reports": { "post": { "x-fleetmend-role": "agent", "summary": "An agent's report; the reply carries commands for the node",
       "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Report" } } } },
-      "responses": { "401": { "description": "no token, or one that is no agent's", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } } }, "403": { "description": "a known credential that is no agent's, or a node's token on a report for another node", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } } }, "200": { "description": "accepted", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/ReportReply" } } } },
+      "responses": { "401": { "description": "no token, or one that is no agent's", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } } }, "403": { "description": "a known credential that is no agent's, a node's token on a report for another node, or a node outside the inventory (refused, or beyond max_unknown)", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } } }, "200": { "description": "accepted", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/ReportReply" } } } },
         "400": { "description": "malformed", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } } }, "413": { "description": "body too large" } } } },
     "/v1/alerts/alertmanager": { "post": { "x-fleetmend-role": "alerts", "summary": "Alertmanager webhook (version 4): firing alerts naming a node become its findings; resolved ones clear them",
       "parameters": [{ "name": "token", "in": "query", "required": false, "schema": { "type": "string" } }],

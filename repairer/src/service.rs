@@ -10,6 +10,8 @@ use crate::clock::{SharedClock, SystemClock};
 use crate::commands::CommandQueue;
 use crate::config::{RepairerConfig, SchedulerKind};
 use crate::engine::{Engine, EngineError, EngineParts, Nodes};
+use crate::identity::NodeTokens;
+use crate::inventory::Inventory;
 use crate::metrics::RepairerMetrics;
 use crate::model::FindingSource;
 use crate::ports::{EventLog, JobFinding, ReportObserver};
@@ -47,6 +49,8 @@ pub enum ServiceError {
     Identity(#[from] crate::identity::IdentityError),
     #[error("TLS: {0}")]
     Tls(#[from] crate::tls::TlsError),
+    #[error(transparent)]
+    Inventory(#[from] crate::inventory::InventoryError),
 }
 
 /// A started repairer.
@@ -61,6 +65,8 @@ pub struct Repairer {
     server: tokio::task::JoinHandle<Result<(), ServiceError>>,
     /// Keeps Slurm's hot spares (`scheduler = "slurm"`); stopped with the server.
     spares: Option<tokio::task::JoinHandle<()>>,
+    /// Keeps the inventory current (its file, Slurm's list); stopped with the server.
+    inventory_watch: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Repairer {
@@ -76,8 +82,8 @@ impl Repairer {
             Ok(result) => result,
             Err(_) => Ok(()),
         };
-        if let Some(spares) = &self.spares {
-            spares.abort();
+        for task in [&self.spares, &self.inventory_watch].into_iter().flatten() {
+            task.abort();
         }
         // Spans still queued go out before the process ends.
         if let Some(tracer) = &self.tracer
@@ -141,16 +147,15 @@ pub async fn start_given(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<Repairer, ServiceError> {
     let tokens = config.tokens()?;
-    let node_tokens = match &config.node_tokens_file {
-        Some(path) => Some(Arc::new(crate::identity::NodeTokens::load(path)?)),
-        None => None,
-    };
+    let node_tokens =
+        config.node_tokens_file.as_deref().map(NodeTokens::load).transpose()?.map(Arc::new);
     make_store_folder(&config.store);
     let clock = given.clock;
     let store = Arc::new(Store::open(&config.store)?);
     let metrics = Arc::new(RepairerMetrics::new());
     let events = Arc::new(EventLog::new(store.clone(), metrics.clone()));
     let nodes = Arc::new(Nodes::load(events.clone())?);
+    let (inventory, inventory_watch) = start_inventory(&config, &events, &nodes, &clock).await?;
     let commands = Arc::new(CommandQueue::new());
     // Bound first: the queue hands its address to the ranks it starts.
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -227,6 +232,7 @@ pub async fn start_given(
         observer: queue.clone().map(|q| q as Arc<dyn ReportObserver>),
         tracer: tracer.clone(),
         prober: prober.clone(),
+        inventory: inventory.clone(),
     })?;
     let alerts = start_alerts(&config.alerts, &store, &clock, &events)?;
     engine.start()?;
@@ -238,9 +244,27 @@ pub async fn start_given(
         queue.start();
     }
     let spares = slurm_spares.map(|keeper| tokio::spawn(keeper.run()));
-    let state = Arc::new(ApiState {
-        engine: engine.clone(),
-        queue: queue.clone(),
+    let api =
+        ApiParts { engine: engine.clone(), queue: queue.clone(), alerts, tokens, node_tokens };
+    let server = serve(listener, api_state(api, &config), &config, shutdown)?;
+    Ok(Repairer { engine, scheduler, local_addr, tracer, queue, server, spares, inventory_watch })
+}
+
+/// What the API is built from, besides the config.
+struct ApiParts {
+    engine: Arc<Engine>,
+    queue: Option<Arc<JobQueue>>,
+    alerts: Option<Arc<Alerts>>,
+    tokens: crate::config::Tokens,
+    node_tokens: Option<Arc<crate::identity::NodeTokens>>,
+}
+
+/// The API's shared state: `parts`, its counters and the rate limits of `config`.
+fn api_state(parts: ApiParts, config: &RepairerConfig) -> Arc<ApiState> {
+    let ApiParts { engine, queue, alerts, tokens, node_tokens } = parts;
+    Arc::new(ApiState {
+        engine,
+        queue,
         alerts,
         tokens,
         node_tokens,
@@ -249,22 +273,21 @@ pub async fn start_given(
         reports: Default::default(),
         refused: Default::default(),
         subscriptions: Mutex::new(Vec::new()),
-    });
-    let app = api::router(state);
-    let server = serve(listener, app, &config, shutdown)?;
-    let scheme = if config.tls.is_some() { "https" } else { "http" };
-    tracing::info!(listen = %local_addr, scheme, mode = config.policy.mode.as_str(), store = %config.store.display(), "repairer started");
-    Ok(Repairer { engine, scheduler, local_addr, tracer, queue, server, spares })
+        limits: crate::limits::RateLimits::new(&config.rate_limits),
+        listener: Arc::default(),
+    })
 }
 
-/// Serves `app` on `listener`, over TLS with `[tls]`'s certificate (read again on SIGHUP and when
-/// its files change).
+/// Serves the API of `state` on `listener` under `[listener]`'s deadlines and cap, over TLS with
+/// `[tls]`'s certificate (read again on SIGHUP and when its files change).
 fn serve(
     listener: tokio::net::TcpListener,
-    app: axum::Router,
+    state: Arc<ApiState>,
     config: &RepairerConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<tokio::task::JoinHandle<Result<(), ServiceError>>, ServiceError> {
+    let stats = state.listener.clone();
+    let app = api::router(state);
     let certificates = match &config.tls {
         Some(tls) => Some(crate::tls::Certificates::load(tls)?),
         None => None,
@@ -273,27 +296,71 @@ fn serve(
     if certificates.is_none() && plain_off_loopback {
         tracing::warn!(listen = %config.listen, "insecure: plain HTTP on a non-loopback address, tokens and reports travel in the clear (a lab only)");
     }
+    let limits = config.listener;
+    // Said before the first connection is served: whoever got an answer finds it in the log.
+    let scheme = if certificates.is_some() { "https" } else { "http" };
+    let listen = listener.local_addr().unwrap_or(config.listen);
+    tracing::info!(%listen, scheme, mode = config.policy.mode.as_str(), store = %config.store.display(), "repairer started");
     Ok(match certificates {
         Some(certificates) => {
-            let tls = certificates.server_config();
+            let tls = crate::tls::TlsHandshake::new(certificates.server_config());
             certificates.watch();
-            let timeout = config.tls.as_ref().map(|t| t.handshake_timeout).unwrap_or_default();
-            let listener = crate::tls::TlsListener::new(listener, tls, timeout)
-                .map_err(|source| ServiceError::Listen { addr: config.listen, source })?;
             tokio::spawn(async move {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(shutdown)
+                fleetmend_listener::serve(listener, app, tls, limits, stats, shutdown)
                     .await
                     .map_err(ServiceError::Serve)
             })
         }
         None => tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown)
-                .await
-                .map_err(ServiceError::Serve)
+            fleetmend_listener::serve(
+                listener,
+                app,
+                fleetmend_listener::Plain,
+                limits,
+                stats,
+                shutdown,
+            )
+            .await
+            .map_err(ServiceError::Serve)
         }),
     })
+}
+
+/// The inventory, where one is configured, and the task that keeps it current. Each stored node
+/// is marked in or out of it first (the config may have changed since the nodes were stored; with
+/// no inventory every node is in).
+async fn start_inventory(
+    config: &RepairerConfig,
+    events: &Arc<EventLog>,
+    nodes: &Arc<Nodes>,
+    clock: &SharedClock,
+) -> Result<(Option<Arc<Inventory>>, Option<tokio::task::JoinHandle<()>>), ServiceError> {
+    let inventory = match &config.inventory {
+        Some(inventory) => Some(Inventory::load(inventory, &config.slurm, events.clone()).await?),
+        None => None,
+    };
+    let known = |name: &str| inventory.as_ref().is_none_or(|i| i.contains(name));
+    let moved = nodes.apply_inventory(known, clock.now_ms()).map_err(EngineError::from)?;
+    let Some(inventory) = inventory else { return Ok((None, None)) };
+    let unknown = nodes.unknown_count();
+    tracing::info!(nodes = inventory.len(), unknown, moved, "inventory read");
+    let watch = watch_inventory(inventory.clone(), nodes.clone(), clock.clone());
+    Ok((Some(inventory), Some(watch)))
+}
+
+/// Keeps the inventory current, marking the nodes in or out of it after each change.
+fn watch_inventory(
+    inventory: Arc<Inventory>,
+    nodes: Arc<Nodes>,
+    clock: SharedClock,
+) -> tokio::task::JoinHandle<()> {
+    let current = inventory.clone();
+    let now = clock.clone();
+    tokio::spawn(inventory.watch(clock, move || {
+        if let Err(err) = nodes.apply_inventory(|name| current.contains(name), now.now_ms()) {
+            tracing::error!(error = %err, "marking the nodes in or out of the changed inventory failed");
+        }
+    }))
 }
 
 /// Starts the alerts' delivery, where sinks are configured, woken by every event appended.

@@ -3,9 +3,10 @@
 //! is served without a restart; a pair that does not load (half-written, a key that does not
 //! match) is logged and the pair served before stays.
 //!
-//! Handshakes run beside the accept loop, each under a deadline, so a client that connects and
-//! says nothing holds no one else up. A client that speaks plain HTTP to the TLS port is answered
-//! with a plain-text 400 saying to use https, and the connection is closed.
+//! Handshakes run on each connection's own task (`fleetmend_listener`), under the deadline of the
+//! first request's head (`listener.header_timeout`), so a client that connects and says nothing
+//! holds no one else up. A client that speaks plain HTTP to the TLS port is answered with a
+//! plain-text 400 saying to use https, and the connection is closed.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -18,7 +19,7 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
 /// `[tls]` of the repairer's config.
@@ -29,19 +30,14 @@ pub struct TlsConfig {
     pub cert: PathBuf,
     /// Its private key, PEM (PKCS#8, PKCS#1 or SEC1).
     pub key: PathBuf,
-    /// How long a client has to finish its handshake.
-    #[serde(default = "default_handshake_timeout", with = "humantime_serde")]
-    pub handshake_timeout: Duration,
-}
-
-fn default_handshake_timeout() -> Duration {
-    Duration::from_secs(10)
+    /// No longer used: the handshake runs under `listener.header_timeout`. Read only to name the
+    /// replacement when a config still sets it.
+    #[serde(default, with = "humantime_serde::option")]
+    pub handshake_timeout: Option<Duration>,
 }
 
 /// How often the certificate's files are looked at for a change.
 const WATCH_EVERY: Duration = Duration::from_secs(5);
-/// Handshakes finished but not yet taken by the server.
-const READY_BACKLOG: usize = 1024;
 
 /// The certificate and key could not be served.
 #[derive(Debug, thiserror::Error)]
@@ -172,58 +168,38 @@ fn load_pair(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
     Ok(pair)
 }
 
-/// A listener whose connections have finished their TLS handshake: what `axum::serve` takes.
-#[derive(Debug)]
-pub struct TlsListener {
-    ready: tokio::sync::mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-    local: SocketAddr,
+/// The TLS handshake of each connection the listener accepts (run on the connection's own task,
+/// under the header deadline).
+#[derive(Clone)]
+pub struct TlsHandshake {
+    acceptor: tokio_rustls::TlsAcceptor,
 }
 
-impl TlsListener {
-    /// Accepts on `tcp` and shakes hands with each client on its own task, within `timeout`.
-    pub fn new(
-        tcp: TcpListener,
-        config: Arc<rustls::ServerConfig>,
-        timeout: Duration,
-    ) -> std::io::Result<TlsListener> {
-        let local = tcp.local_addr()?;
-        let (sender, ready) = tokio::sync::mpsc::channel(READY_BACKLOG);
-        let acceptor = tokio_rustls::TlsAcceptor::from(config);
-        tokio::spawn(async move {
-            loop {
-                let accepted = tokio::select! {
-                    accepted = tcp.accept() => accepted,
-                    // The server is gone: stop listening.
-                    () = sender.closed() => return,
-                };
-                let (stream, peer) = match accepted {
-                    Ok(accepted) => accepted,
-                    Err(err) => {
-                        // Out of descriptors and the like: do not spin on it.
-                        tracing::warn!(error = %err, "accepting a connection failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                };
-                let acceptor = acceptor.clone();
-                let sender = sender.clone();
-                tokio::spawn(async move {
-                    match tokio::time::timeout(timeout, handshake(&acceptor, stream)).await {
-                        Ok(Ok(Some(tls))) => {
-                            let _ = sender.send((tls, peer)).await;
-                        }
-                        Ok(Ok(None)) => {
-                            tracing::debug!(%peer, "plain HTTP on the TLS port: told to use https")
-                        }
-                        Ok(Err(err)) => {
-                            tracing::debug!(%peer, error = %err, "TLS handshake failed")
-                        }
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                    }
-                });
-            }
-        });
-        Ok(TlsListener { ready, local })
+impl std::fmt::Debug for TlsHandshake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsHandshake").finish_non_exhaustive()
+    }
+}
+
+impl TlsHandshake {
+    pub fn new(config: Arc<rustls::ServerConfig>) -> TlsHandshake {
+        TlsHandshake { acceptor: tokio_rustls::TlsAcceptor::from(config) }
+    }
+}
+
+impl fleetmend_listener::Handshake for TlsHandshake {
+    type Io = TlsStream<TcpStream>;
+
+    async fn handshake(
+        &self,
+        stream: TcpStream,
+        peer: SocketAddr,
+    ) -> std::io::Result<Option<TlsStream<TcpStream>>> {
+        let shaken = handshake(&self.acceptor, stream).await;
+        if matches!(shaken, Ok(None)) {
+            tracing::debug!(%peer, "plain HTTP on the TLS port: told to use https");
+        }
+        shaken
     }
 }
 
@@ -245,21 +221,4 @@ async fn handshake(
         return Ok(None);
     }
     acceptor.accept(stream).await.map(Some)
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.ready.recv().await {
-            Some(ready) => ready,
-            // The accept task ended only if this listener was dropped: nothing more comes.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
-    }
 }

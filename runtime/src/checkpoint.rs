@@ -17,6 +17,8 @@
 //! begins removes the temporary directories older than its own, which would make an older writer
 //! that is still running fail its commit (cleanly: no `step-*` directory appears).
 
+#[doc(hidden)]
+pub mod fuzzing;
 mod protocol_env;
 
 pub(crate) use protocol_env::{EnvReader, Need};
@@ -866,6 +868,12 @@ pub enum VerifyCheckpointError {
         /// The step in the manifest.
         manifest_step: u64,
     },
+    /// The manifest says the job had no ranks, which no writer records (it refuses to begin).
+    #[error("checkpoint {path}: the manifest says world size 0")]
+    ZeroWorldSize {
+        /// The checkpoint directory.
+        path: PathBuf,
+    },
     /// The manifest lists a name that is not a plain file name (it could point outside).
     #[error("checkpoint {path}: the manifest lists a bad file name {name:?}: {reason}")]
     BadFileName {
@@ -1142,6 +1150,9 @@ fn check_checkpoint(
             dir_step,
             manifest_step: manifest.step,
         });
+    }
+    if manifest.world_size == 0 {
+        return Err(VerifyCheckpointError::ZeroWorldSize { path });
     }
     for (i, file) in manifest.files.iter().enumerate() {
         if let Some(reason) = file_name_problem(&file.name) {
@@ -1786,5 +1797,33 @@ mod tests {
         fs::write(dir.join(MANIFEST_FILE), serde_json::to_vec(&manifest).unwrap()).unwrap();
         let err = verify(&dir).unwrap_err();
         assert!(matches!(err, VerifyCheckpointError::BadFileName { .. }), "{err}");
+    }
+
+    /// Found by the checkpoint_manifest fuzz target (fuzz/regressions/checkpoint_manifest/):
+    /// a manifest of world size 0, which no writer produces, was accepted.
+    #[test]
+    fn verify_refuses_a_manifest_of_world_size_zero() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("step-00000001");
+        fs::create_dir(&dir).unwrap();
+        fs::write(dir.join("model.bin"), b"weights").unwrap();
+        let mut manifest = Manifest {
+            format_version: FORMAT_VERSION,
+            step: 1,
+            world_size: 0,
+            job_id: "job".into(),
+            created_unix_ms: 0,
+            files: vec![ManifestFile {
+                name: "model.bin".into(),
+                size: 7,
+                sha256: hex::encode(Sha256::digest(b"weights")),
+            }],
+        };
+        fs::write(dir.join(MANIFEST_FILE), serde_json::to_vec(&manifest).unwrap()).unwrap();
+        let err = verify(&dir).unwrap_err();
+        assert!(matches!(err, VerifyCheckpointError::ZeroWorldSize { .. }), "{err}");
+        manifest.world_size = 1;
+        fs::write(dir.join(MANIFEST_FILE), serde_json::to_vec(&manifest).unwrap()).unwrap();
+        assert_eq!(verify(&dir).unwrap().world_size(), 1);
     }
 }

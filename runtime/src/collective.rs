@@ -28,6 +28,8 @@
 //! ([`CollectiveError::suspect_rank`]). A failed communicator refuses further operations: the
 //! trainer exits and the job resumes from its checkpoint with a fresh rendezvous.
 
+#[doc(hidden)]
+pub mod fuzzing;
 mod rendezvous;
 mod wire;
 

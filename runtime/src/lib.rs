@@ -16,6 +16,8 @@
 
 pub mod checkpoint;
 pub mod collective;
+#[doc(hidden)]
+pub mod fuzzing;
 #[cfg(feature = "trainer")]
 pub mod probe;
 #[cfg(feature = "trainer")]

@@ -215,6 +215,7 @@ fn build(
         tracer: None,
         // The simulated fleet has no links to measure.
         prober: None,
+        inventory: None,
     })
     .map_err(|e| repairer_err(&e))?;
     engine.start().map_err(|e| repairer_err(&e))?;

@@ -236,6 +236,31 @@ pub fn http_post_json(addr: SocketAddr, path: &str, json: &str) -> Option<(u16, 
     read_response(stream)
 }
 
+/// A minimal blocking HTTP/1.1 request with a bearer token: `GET` when `json` is `None`, else a
+/// `POST` of it. Status and body, or `None` when the server could not be reached.
+pub fn http_with_token(
+    addr: SocketAddr,
+    path: &str,
+    token: &str,
+    json: Option<&str>,
+) -> Option<(u16, String)> {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    stream.set_write_timeout(Some(Duration::from_secs(5))).ok()?;
+    let (method, body) = match json {
+        Some(json) => ("POST", json),
+        None => ("GET", ""),
+    };
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .ok()?;
+    read_response(stream)
+}
+
 /// Starts `fleetmend repairer --config CONFIG`, stderr to `stderr_path` (appended, so a restarted
 /// repairer's log follows the killed one's), and waits until `/healthz` on `listen` answers.
 ///
@@ -449,4 +474,69 @@ impl Drop for Up {
         }
         let _ = self.child.wait();
     }
+}
+
+/// One kept-alive HTTP/1.1 connection, for asking a server while new connections are refused or
+/// shed (as Prometheus and an agent keep theirs): each request waits at most 5 s for its answer.
+#[derive(Debug)]
+pub struct KeepAlive {
+    stream: std::net::TcpStream,
+    host: String,
+}
+
+impl KeepAlive {
+    pub fn connect(addr: SocketAddr) -> KeepAlive {
+        let stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+            .unwrap_or_else(|err| panic!("connecting to {addr}: {err}"));
+        stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        stream.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+        KeepAlive { stream, host: addr.to_string() }
+    }
+
+    /// `GET path` on this connection: status and body (the answer must carry a content-length),
+    /// or `None` when the connection failed.
+    pub fn get(&mut self, path: &str) -> Option<(u16, String)> {
+        use std::io::Write;
+        write!(self.stream, "GET {path} HTTP/1.1\r\nHost: {}\r\n\r\n", self.host).ok()?;
+        let mut got = Vec::new();
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            let n = self.stream.read(&mut buf).ok()?;
+            if n == 0 {
+                return None;
+            }
+            got.extend_from_slice(&buf[..n]);
+            let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else { continue };
+            let head = String::from_utf8_lossy(&got[..end]).into_owned();
+            let length: usize = head.lines().find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                name.eq_ignore_ascii_case("content-length").then(|| value.trim().parse().ok())?
+            })?;
+            if got.len() >= end + 4 + length {
+                let status = head.split_whitespace().nth(1)?.parse().ok()?;
+                let body = String::from_utf8_lossy(&got[end + 4..end + 4 + length]).into_owned();
+                return Some((status, body));
+            }
+        }
+    }
+}
+
+/// Descriptors process `pid` holds open now.
+pub fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+}
+
+/// Raises this process's soft descriptor limit to the hard one (children inherit it); returns the
+/// new soft limit.
+pub fn raise_fd_limit() -> u64 {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+        .expect("raising RLIMIT_NOFILE to the hard limit");
+    hard
+}
+
+/// The value of the sample written exactly `series` (name and labels) in a `/metrics` body.
+pub fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }

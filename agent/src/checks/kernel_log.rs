@@ -13,6 +13,8 @@
 //! `kernel_log_rule` finding.
 
 mod bursts;
+#[doc(hidden)]
+pub mod fuzzing;
 mod rules;
 mod source;
 mod stamp;

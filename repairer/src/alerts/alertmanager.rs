@@ -3,19 +3,19 @@
 //!
 //! Alertmanager identifies an alert by its labels: `alertname` (by event kind:
 //! `FleetmendNodeUnhealthy`, `FleetmendRepairFailed`, `FleetmendActionHeld`,
-//! `FleetmendBreakerOpen`), `node` (when the event has one), `severity` and the sink's extra
-//! labels. The node's state is an annotation, not a label: a node walks through several states
-//! while one problem lasts, and a label per state would raise a new alert at every step and
-//! resolve only the last one.
+//! `FleetmendBreakerOpen`, `FleetmendNodeUnknown`), `node` (when the event has one), `severity`
+//! and the sink's extra labels. The node's state is an annotation, not a label: a node walks
+//! through several states while one problem lasts, and a label per state would raise a new alert
+//! at every step and resolve only the last one.
 //!
 //! Alertmanager expects firing alerts to be re-sent or they expire after its `resolve_timeout`;
 //! fleetmend sends each event once, so a firing alert carries `endsAt` = raised + `firing_ttl`
 //! and the clearing event ends it (`endsAt` = the event's time). Sending one alert name at one
 //! severity also resolves it at the other severities, so a problem that grows from `warning` to
-//! `critical` stays one alert. A node healthy again (its state) resolves every alert of that node;
-//! a repair that finished well resolves `FleetmendRepairFailed`, an approval
-//! `FleetmendActionHeld`, a closed breaker `FleetmendBreakerOpen`. Re-sending is harmless:
-//! Alertmanager merges by labels.
+//! `critical` stays one alert. A node healthy again (its state) resolves every alert of that node
+//! but `FleetmendNodeUnknown` (resolved when the node comes into the inventory); a repair that
+//! finished well resolves `FleetmendRepairFailed`, an approval `FleetmendActionHeld`, a closed
+//! breaker `FleetmendBreakerOpen`. Re-sending is harmless: Alertmanager merges by labels.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -86,9 +86,10 @@ impl AlertmanagerFormat {
         } else {
             format!("{base}/api/v2/alerts")
         };
+        // A node outside the inventory stays unknown whatever its state: its own event clears it.
         let mut node_alertnames: Vec<String> = kinds
             .iter()
-            .filter(|kind| **kind != EventKind::Breaker)
+            .filter(|kind| !matches!(kind, EventKind::Breaker | EventKind::NodeUnknown))
             .map(|kind| alertname(*kind))
             .collect();
         node_alertnames.sort();

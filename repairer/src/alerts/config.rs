@@ -96,9 +96,16 @@ impl Default for SinkConfig {
     }
 }
 
-/// The event kinds a sink sends unless told otherwise: what a person on call acts on.
-pub const DEFAULT_KINDS: [EventKind; 4] =
-    [EventKind::StateChanged, EventKind::RepairFinished, EventKind::Breaker, EventKind::ActionHeld];
+/// The event kinds a sink sends unless told otherwise: what a person on call acts on (a node
+/// reporting from outside the inventory is one: a mistyped inventory, or a credential in use by
+/// something that is not a node of the fleet).
+pub const DEFAULT_KINDS: [EventKind; 5] = [
+    EventKind::StateChanged,
+    EventKind::RepairFinished,
+    EventKind::Breaker,
+    EventKind::ActionHeld,
+    EventKind::NodeUnknown,
+];
 
 /// The default topic of `cloudwatch` sinks.
 pub const DEFAULT_TOPIC_ARN: &str = "arn:aws:sns:local:000000000000:fleetmend";

@@ -310,6 +310,8 @@ pub(crate) fn summary(event: &Event) -> String {
             Some(action) => format!("{action} of node {node} held back"),
             None => format!("action on node {node} held back"),
         },
+        EventKind::NodeUnknown if clear => format!("node {node} is in the inventory now"),
+        EventKind::NodeUnknown => format!("node {node} reports but is not in the inventory"),
         EventKind::Breaker if clear => "repair breaker closed: automatic repairs resume".to_owned(),
         EventKind::Breaker => "repair breaker open: automatic repairs stopped".to_owned(),
         kind => format!("{} on {node}", kind.as_str()),

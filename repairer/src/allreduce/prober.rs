@@ -387,8 +387,8 @@ impl Prober {
             .unwrap_or_else(|| node.to_owned())
     }
 
-    /// Nodes that may be measured now: healthy (or drained by nothing but this probe's finding),
-    /// reporting, out of any workflow and not a person's.
+    /// Nodes that may be measured now: in the inventory, healthy (or drained by nothing but this
+    /// probe's finding), reporting, out of any workflow and not a person's.
     fn subjects(&self) -> Vec<(String, NodeState)> {
         let now = self.ports.clock.now_ms();
         let window = u64::try_from(self.ports.unreachable_window.as_millis()).unwrap_or(u64::MAX);
@@ -397,7 +397,7 @@ impl Prober {
             .all()
             .into_iter()
             .filter(|n| now.saturating_sub(n.last_report_ms) <= window)
-            .filter(|n| n.workflow.is_none() && !n.drained_by_person)
+            .filter(|n| n.workflow.is_none() && !n.drained_by_person && !n.unknown)
             .filter(|n| match n.state {
                 NodeState::Healthy => true,
                 NodeState::Drained => {

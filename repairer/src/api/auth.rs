@@ -1,10 +1,13 @@
 //! Who is calling: the bearer token of a request, checked against the agents', the alert
 //! sources' and people's credentials (see [`crate::access`] for the roles).
 
-use axum::http::{HeaderMap, StatusCode, header};
+use std::net::IpAddr;
+
+use axum::http::{HeaderMap, StatusCode, Uri, header};
 
 use super::{ApiError, ApiState};
 use crate::access::Role;
+use crate::limits::Caller;
 
 /// Checks `Authorization: Bearer <token>` (or `?token=` where allowed) against `expected`; no
 /// expected token means none is required (loopback or `insecure`).
@@ -149,4 +152,53 @@ pub(super) fn person(headers: &HeaderMap) -> String {
         .filter(|v| !v.is_empty() && v.len() <= 64 && v.chars().all(|c| c.is_ascii_graphic()))
         .unwrap_or("admin")
         .to_owned()
+}
+
+/// Whom a request's rate is counted against, from its credential alone (before its body is
+/// read): a node's own token, a person's, the alert sources', a rank's progress token; anything
+/// else (no credential, a wrong one) counts against the peer's address. `None` for a report with
+/// the shared agent token or on a repairer without agent credentials: its node, named in the
+/// body, is counted by the handler.
+pub(super) fn caller(
+    state: &ApiState,
+    headers: &HeaderMap,
+    uri: &Uri,
+    peer: Option<IpAddr>,
+) -> Option<Caller> {
+    let path = uri.path();
+    let token = bearer(headers).or_else(|| query_token(uri));
+    let same = |known: &Option<String>, token: &str| {
+        known
+            .as_deref()
+            .is_some_and(|k| crate::access::constant_time_eq(k.as_bytes(), token.as_bytes()))
+    };
+    let peer = || Caller::Peer(peer.unwrap_or(IpAddr::from([0, 0, 0, 0])));
+    let Some(token) = token else {
+        let open = state.tokens.agent.is_none() && state.node_tokens.is_none();
+        return if path == "/v1/reports" && open { None } else { Some(peer()) };
+    };
+    if let Some(node) = state.node_tokens.as_ref().and_then(|t| t.node_of(token)) {
+        return Some(Caller::Node(node));
+    }
+    if path == "/v1/reports" && same(&state.tokens.agent, token) {
+        return None;
+    }
+    if path.starts_with("/v1/alerts/") && same(&state.tokens.alerts, token) {
+        return Some(Caller::Alerts);
+    }
+    if let Some(credential) = crate::access::find(&state.tokens.people, token) {
+        return Some(Caller::Person(credential.name.clone()));
+    }
+    let job = path.strip_prefix("/v1/jobs/").and_then(|rest| rest.strip_suffix("/progress"));
+    if let (Some(job), Some(queue)) = (job, &state.queue)
+        && let Ok((attempt, rank)) = queue.check_token(job, Some(token))
+    {
+        return Some(Caller::Rank { job: job.to_owned(), attempt, rank });
+    }
+    Some(peer())
+}
+
+/// `?token=` of the query (the alert webhooks' form, for SNS that cannot send headers).
+fn query_token(uri: &Uri) -> Option<&str> {
+    uri.query()?.split('&').find_map(|pair| pair.strip_prefix("token=")).filter(|t| !t.is_empty())
 }

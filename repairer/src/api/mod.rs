@@ -24,11 +24,13 @@ use crate::alerts::Alerts;
 use crate::config::Tokens;
 use crate::engine::{Engine, EngineError, NodeRecord};
 use crate::inbound::{self, InboundConfig, SnsMessage};
+use crate::limits::Caller;
 use crate::model::{Actor, Event, EventKind, FindingSource, RuleAction, Severity};
 use crate::workflow::{KeptEvidence, Workflow};
 use auth::{alert_source, bearer, gate, not_for_this, report_sender};
 
 mod auth;
+mod throttle;
 
 /// Shared state of the handlers.
 pub struct ApiState {
@@ -48,6 +50,10 @@ pub struct ApiState {
     pub refused: RefusedCounters,
     /// SNS subscription confirmations waiting for an operator.
     pub subscriptions: Mutex<Vec<Subscription>>,
+    /// Each caller's rate (`[rate_limits]`).
+    pub limits: crate::limits::RateLimits,
+    /// The listener's connection counts, for `/metrics`.
+    pub listener: Arc<fleetmend_listener::ListenerStats>,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -64,14 +70,21 @@ pub struct ReportCounters {
     pub unauthorized: AtomicU64,
     /// With another node's credential.
     pub forbidden: AtomicU64,
+    /// From a node outside the inventory, refused (`unknown_nodes = "refuse"`, or beyond
+    /// `max_unknown`).
+    pub unknown_refused: AtomicU64,
+    /// From a node outside the inventory, taken in as unknown (`unknown_nodes = "admit"`).
+    pub unknown_admitted: AtomicU64,
     pub failed: AtomicU64,
 }
 
-/// Requests refused for their credential: none or unknown (401), or known but not allowed (403).
+/// Requests refused for their credential: none or unknown (401), known but not allowed (403), or
+/// beyond its rate (429, every route, reports included).
 #[derive(Debug, Default)]
 pub struct RefusedCounters {
     pub unauthorized: AtomicU64,
     pub forbidden: AtomicU64,
+    pub throttled: AtomicU64,
 }
 
 impl RefusedCounters {
@@ -107,6 +120,9 @@ impl From<EngineError> for ApiError {
         let status = match &err {
             EngineError::UnknownNode(_) => StatusCode::NOT_FOUND,
             EngineError::Refused(_) => StatusCode::CONFLICT,
+            EngineError::NotInInventory(_) | EngineError::TooManyUnknown { .. } => {
+                StatusCode::FORBIDDEN
+            }
             EngineError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError(status, err.to_string())
@@ -161,6 +177,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), throttle::by_caller))
         .with_state(state)
 }
 
@@ -187,6 +204,13 @@ async fn report(
         state.reports.malformed.fetch_add(1, Ordering::Relaxed);
         return Err(bad_request(why));
     }
+    // With a node's own token the middleware counted it already; with the shared agent token (or
+    // none) the node is known only now.
+    if sender.is_none()
+        && let Err(throttled) = throttle::check(&state, &Caller::Node(report.node.clone()))
+    {
+        return Ok(throttled.into_response());
+    }
     if let Some(sender) = sender
         && sender != report.node
     {
@@ -200,10 +224,16 @@ async fn report(
             ),
         ));
     }
-    match state.engine.ingest_report(&report) {
-        Ok(reply) => {
-            state.reports.ok.fetch_add(1, Ordering::Relaxed);
+    match state.engine.take_report(&report) {
+        Ok((reply, unknown)) => {
+            let counter = if unknown { &state.reports.unknown_admitted } else { &state.reports.ok };
+            counter.fetch_add(1, Ordering::Relaxed);
             Ok(axum::Json(reply).into_response())
+        }
+        Err(err @ (EngineError::NotInInventory(_) | EngineError::TooManyUnknown { .. })) => {
+            state.reports.unknown_refused.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(node = %report.node, "a report from a node outside the inventory refused");
+            Err(err.into())
         }
         Err(err) => {
             state.reports.failed.fetch_add(1, Ordering::Relaxed);
@@ -214,7 +244,7 @@ async fn report(
 }
 
 /// Checks what serde cannot: names and sizes.
-fn check_report(report: &Report) -> Result<(), String> {
+pub(crate) fn check_report(report: &Report) -> Result<(), String> {
     if report.wire_version != WIRE_VERSION {
         return Err(format!(
             "wire_version {} is not supported (this repairer speaks {WIRE_VERSION})",
@@ -270,7 +300,9 @@ async fn alertmanager(
             alert.firing,
         ) {
             Ok(()) => answer.accepted += 1,
-            Err(EngineError::UnknownNode(node)) => answer.unknown_nodes.push(node),
+            Err(EngineError::UnknownNode(node) | EngineError::NotInInventory(node)) => {
+                answer.unknown_nodes.push(node)
+            }
             Err(err) => return Err(err.into()),
         }
     }
@@ -302,12 +334,14 @@ async fn cloudwatch(
                     unknown_nodes: Vec::new(),
                 })
                 .into_response()),
-                Err(EngineError::UnknownNode(node)) => Ok(axum::Json(InboundAnswer {
-                    accepted: 0,
-                    skipped: 0,
-                    unknown_nodes: vec![node],
-                })
-                .into_response()),
+                Err(EngineError::UnknownNode(node) | EngineError::NotInInventory(node)) => {
+                    Ok(axum::Json(InboundAnswer {
+                        accepted: 0,
+                        skipped: 0,
+                        unknown_nodes: vec![node],
+                    })
+                    .into_response())
+                }
                 Err(err) => Err(err.into()),
             }
         }
@@ -665,10 +699,16 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
     outcomes.insert("malformed", state.reports.malformed.load(Ordering::Relaxed));
     outcomes.insert("unauthorized", state.reports.unauthorized.load(Ordering::Relaxed));
     outcomes.insert("forbidden", state.reports.forbidden.load(Ordering::Relaxed));
+    if state.engine.inventory().is_some() {
+        let reports = &state.reports;
+        outcomes.insert("unknown_refused", reports.unknown_refused.load(Ordering::Relaxed));
+        outcomes.insert("unknown_admitted", reports.unknown_admitted.load(Ordering::Relaxed));
+    }
     outcomes.insert("error", state.reports.failed.load(Ordering::Relaxed));
     let refused = [
         ("401", state.refused.unauthorized.load(Ordering::Relaxed)),
         ("403", state.refused.forbidden.load(Ordering::Relaxed)),
+        ("429", state.refused.throttled.load(Ordering::Relaxed)),
     ];
     let body = crate::exposition::encode(&crate::exposition::Snapshot {
         node_states: state.engine.state_counts(),
@@ -678,6 +718,9 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
         reports: &outcomes,
         refused: &refused,
         queue: state.queue.as_ref().map(|q| q.metrics()),
+        listener: &state.listener,
+        inventory: state.engine.inventory().map(|i| i.figures()),
+        nodes_unknown: state.engine.unknown_count(),
     });
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
 }

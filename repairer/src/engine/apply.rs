@@ -22,12 +22,18 @@ fn view(node: &NodeRecord) -> NodeView<'_> {
     }
 }
 
+/// A node no rule decides about: one outside the inventory (never drained, rebooted or replaced,
+/// whatever its findings), or one a person drained (theirs until they undrain it).
+fn never_decided(node: &NodeRecord) -> bool {
+    node.unknown || (node.drained_by_person && node.state == NodeState::Drained)
+}
+
 impl Engine {
     /// Decides about one node and carries out the decision.
     pub fn evaluate(self: &Arc<Self>, name: &str, now: u64) -> Result<(), EngineError> {
         let mut nodes = self.nodes.lock();
         let Some(node) = nodes.get(name) else { return Ok(()) };
-        if node.drained_by_person && node.state == NodeState::Drained {
+        if never_decided(node) {
             return Ok(());
         }
         // decide() reads the fleet only in its guard rails, which it reaches only with a

@@ -6,6 +6,7 @@ use std::sync::{Arc, PoisonError};
 use fleetmend_proto::{Finding, RecommendedAction, Report, ReportReply, Status};
 
 use super::{Engine, EngineError};
+use crate::inventory::Membership;
 use crate::model::TrackedFinding;
 use crate::model::{Actor, Event, EventKind, FindingKey, FindingSource, NodeState, Severity};
 use crate::nodes::{self, NodeRecord, metrics_target, remove_findings, track};
@@ -28,6 +29,20 @@ const UNREACHABLE: &str = "unreachable";
 impl Engine {
     /// Takes in a report; returns the reply (commands for the node).
     pub fn ingest_report(self: &Arc<Self>, report: &Report) -> Result<ReportReply, EngineError> {
+        self.take_report(report).map(|(reply, _)| reply)
+    }
+
+    /// Takes in a report; returns the reply and whether its node is held as unknown (outside the
+    /// inventory). A report from a node outside the inventory where such are refused, or from one
+    /// more than `max_unknown`, is an error and changes nothing.
+    pub fn take_report(
+        self: &Arc<Self>,
+        report: &Report,
+    ) -> Result<(ReportReply, bool), EngineError> {
+        if self.is_unknown(&report.node)? {
+            self.take_unknown_report(report)?;
+            return Ok((ReportReply { commands: Vec::new() }, true));
+        }
         let now = self.clock.now_ms();
         self.commands.record_results(&report.command_results);
         let mut nodes = self.nodes.lock();
@@ -43,7 +58,9 @@ impl Engine {
             ))?;
             nodes.insert(NodeRecord::new(&report.node, now));
         }
-        let (changed, rebooted, save) = nodes.update(&report.node, |node, _| {
+        let (changed, rebooted, save) = nodes.update(&report.node, |node, events| {
+            // Held as unknown until the inventory took it in: it is in the fleet from now on.
+            let came_in = nodes::set_unknown(events, node, false, "in the inventory now", now)?;
             let rebooted = !node.boot_id.is_empty() && node.boot_id != report.boot_id;
             // A new node or a new agent version is saved at once: a restarted repairer must know
             // every node, including those that never had a finding.
@@ -65,7 +82,7 @@ impl Engine {
             if moved_address {
                 node.address = address;
             }
-            let mut changed = rebooted;
+            let mut changed = rebooted || came_in;
             // The node reports: it is not unreachable.
             changed |= remove_findings(node, |t| {
                 t.source == FindingSource::Repairer && t.finding.finding == UNREACHABLE
@@ -93,7 +110,62 @@ impl Engine {
             observer.observe_report(report, now);
         }
         self.metrics.report_ok();
-        Ok(ReportReply { commands: self.commands.take(&report.node) })
+        Ok((ReportReply { commands: self.commands.take(&report.node) }, false))
+    }
+
+    /// Whether `name` is to be held as unknown: outside the inventory where such nodes are
+    /// admitted. Outside it where they are refused: an error.
+    fn is_unknown(&self, name: &str) -> Result<bool, EngineError> {
+        let Some(inventory) = &self.inventory else { return Ok(false) };
+        match inventory.membership(name) {
+            Membership::Inventoried => Ok(false),
+            Membership::Refused => Err(EngineError::NotInInventory(name.to_owned())),
+            Membership::Unknown => Ok(true),
+        }
+    }
+
+    /// A report from a node held as unknown: its record is kept for people to see (agent, boot,
+    /// last report, findings); its first report, or the first after it left the inventory, is its
+    /// one `node-unknown` event. Nothing else follows: no decision, no command in the reply, no
+    /// command result taken, no job placed on it. A node not seen before, with `max_unknown`
+    /// others held already, is refused (counted under the same lock as its insertion, so
+    /// concurrent reports cannot pass the limit together).
+    fn take_unknown_report(&self, report: &Report) -> Result<(), EngineError> {
+        let now = self.clock.now_ms();
+        let mut nodes = self.nodes.lock();
+        let joined = nodes.get(&report.node).is_none();
+        let max = self.inventory.as_ref().map_or(u32::MAX, |i| i.max_unknown());
+        if joined && nodes.unknown_count() >= max {
+            return Err(EngineError::TooManyUnknown { node: report.node.clone(), max });
+        }
+        if joined {
+            let mut record = NodeRecord::new(&report.node, now);
+            let reason = format!(
+                "first report (agent {}, boot {}) from a node {}",
+                report.agent_version,
+                report.boot_id,
+                nodes::UNKNOWN_REASON
+            );
+            nodes::set_unknown(&self.events, &mut record, true, &reason, now)?;
+            nodes.insert(record);
+        }
+        let save = nodes.update(&report.node, |node, events| {
+            let left = nodes::set_unknown(events, node, true, nodes::UNKNOWN_REASON, now)?;
+            let new_agent =
+                node.agent_version != report.agent_version || node.boot_id != report.boot_id;
+            node.boot_id.clone_from(&report.boot_id);
+            node.agent_version.clone_from(&report.agent_version);
+            node.last_report_ms = now;
+            node.last_seq = report.seq;
+            let incoming: Vec<&Finding> =
+                report.findings.iter().filter(|f| f.status != Status::Ok).collect();
+            let changed = track(node, FindingSource::Agent, &incoming, now);
+            Ok(joined || left || new_agent || changed)
+        })?;
+        if save {
+            nodes.save(&report.node)?;
+        }
+        Ok(())
     }
 
     /// Takes in findings from an external alert source for `node`: `firing` ones are tracked,
@@ -105,6 +177,9 @@ impl Engine {
         finding: &Finding,
         firing: bool,
     ) -> Result<(), EngineError> {
+        if self.inventory.as_ref().is_some_and(|i| i.membership(node_name) == Membership::Refused) {
+            return Err(EngineError::NotInInventory(node_name.to_owned()));
+        }
         let now = self.clock.now_ms();
         let mut nodes = self.nodes.lock();
         let key = FindingKey::of(finding, source);
@@ -169,6 +244,7 @@ impl Engine {
                 now.saturating_sub(heard(node).max(self.started_ms)) > deadline
                     && !node.findings.iter().any(|t| t.finding.finding == UNREACHABLE)
                     && node.state.is_member()
+                    && !node.unknown
                     && node.state != NodeState::Repairing
             };
             let silent: Vec<String> = match heartbeats {

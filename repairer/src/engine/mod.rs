@@ -23,6 +23,7 @@ use crate::allreduce::Prober;
 pub use crate::breaker::{Breaker, BreakerState};
 use crate::clock::{self, SharedClock};
 use crate::commands::CommandQueue;
+use crate::inventory::Inventory;
 use crate::metrics::RepairerMetrics;
 use crate::model::NodeState;
 pub use crate::nodes::{NodeRecord, Nodes};
@@ -70,6 +71,14 @@ pub enum EngineError {
     UnknownNode(String),
     #[error("{0}")]
     Refused(String),
+    /// A report or finding for a node outside the inventory, where such are refused.
+    #[error("node {0} is not in the inventory: its reports are refused")]
+    NotInInventory(String),
+    /// A report from one more node outside the inventory than `max_unknown` holds.
+    #[error(
+        "node {node} is not in the inventory and {max} unknown nodes are held already (inventory.max_unknown): its reports are refused"
+    )]
+    TooManyUnknown { node: String, max: u32 },
 }
 
 impl From<crate::nodes::NodeError> for EngineError {
@@ -91,6 +100,9 @@ pub struct NodeSummary {
     pub boot_id: String,
     pub failing: usize,
     pub workflow: Option<i64>,
+    /// Not in the inventory: shown only, never counted or acted on.
+    #[serde(default)]
+    pub unknown: bool,
 }
 
 /// What the engine is built from: the ports and backends, made before it.
@@ -111,6 +123,8 @@ pub struct EngineParts {
     pub tracer: Option<Arc<WorkflowTracer>>,
     /// The allreduce probe, which a validation's deep check may wait for.
     pub prober: Option<Arc<Prober>>,
+    /// Which nodes exist; none: every node that reports is in the fleet.
+    pub inventory: Option<Arc<Inventory>>,
 }
 
 impl std::fmt::Debug for EngineParts {
@@ -131,6 +145,8 @@ pub struct Engine {
     commands: Arc<CommandQueue>,
     pub metrics: Arc<RepairerMetrics>,
     observer: Option<Arc<dyn ReportObserver>>,
+    /// Which nodes exist (none: every node that reports).
+    inventory: Option<Arc<Inventory>>,
     /// Raised when a report may let a waiting workflow step go on.
     progress: Arc<Notify>,
     /// What every workflow is driven with.
@@ -188,6 +204,7 @@ impl Engine {
             commands: parts.commands,
             metrics: parts.metrics,
             observer: parts.observer,
+            inventory: parts.inventory,
             progress,
             workflows,
             started_ms,
@@ -234,6 +251,16 @@ impl Engine {
         &self.clock
     }
 
+    /// Which nodes exist, when an inventory is configured.
+    pub fn inventory(&self) -> Option<&Arc<Inventory>> {
+        self.inventory.as_ref()
+    }
+
+    /// How many nodes are held as unknown (outside the inventory).
+    pub fn unknown_count(&self) -> u32 {
+        self.nodes.unknown_count()
+    }
+
     pub fn breaker(&self) -> BreakerState {
         self.breaker.state()
     }
@@ -243,13 +270,15 @@ impl Engine {
         self.nodes.all()
     }
 
-    /// Every node whose agent told its metrics port, as (name, state, `host:port`), by name:
-    /// Prometheus service discovery. Only these fields are copied (not every record's history),
-    /// as Prometheus asks again every refresh interval.
+    /// Every inventoried node whose agent told its metrics port, as (name, state, `host:port`), by
+    /// name: Prometheus service discovery (a node outside the inventory is never a target). Only
+    /// these fields are copied (not every record's history), as Prometheus asks again every
+    /// refresh interval.
     pub fn scrape_targets(&self) -> Vec<(String, NodeState, String)> {
         self.nodes
             .lock()
             .records()
+            .filter(|n| !n.unknown)
             .filter_map(|n| Some((n.name.clone(), n.state, n.metrics_target.clone()?)))
             .collect()
     }
@@ -270,6 +299,7 @@ impl Engine {
                 boot_id: n.boot_id.clone(),
                 failing: n.findings.iter().filter(|f| f.finding.status == Status::Fail).count(),
                 workflow: n.workflow,
+                unknown: n.unknown,
             })
             .collect()
     }

@@ -62,6 +62,11 @@ impl Engine {
         let now = self.clock.now_ms();
         let mut nodes = self.nodes.lock();
         let node = nodes.get(name).ok_or_else(|| EngineError::UnknownNode(name.to_owned()))?;
+        if node.unknown {
+            return Err(EngineError::Refused(format!(
+                "{name} is not in the inventory: fleetmend does not drain, reboot or replace it"
+            )));
+        }
         if let Some(id) = node.workflow {
             return Err(EngineError::Refused(format!("{name} is in workflow {id} already")));
         }

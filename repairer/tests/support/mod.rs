@@ -54,6 +54,10 @@ retry_max = "500ms"
 [policy.guard_rails]
 settle = "0s"
 cooldown = "1s"
+
+# Heartbeating agents here report every 50 ms, 20 a second: far beyond a real agent's rate.
+[rate_limits]
+node = {{ per_second = 1000.0, burst = 1000 }}
 "#,
         store = dir.join("repairer.db").display()
     );
@@ -701,6 +705,11 @@ impl Agent {
     /// Sends one report now; returns the reply.
     pub async fn report(&self) -> ReportReply {
         self.inner.report().await.unwrap_or_else(|e| panic!("report of {}: {e}", self.inner.node))
+    }
+
+    /// Sends one report now; the reply, or the refusal (`STATUS: body`).
+    pub async fn try_report(&self) -> Result<ReportReply, String> {
+        self.inner.report().await
     }
 
     /// Reports every [`HEARTBEAT`] (and at once after a command finished) until stopped.

@@ -24,6 +24,9 @@ pub(super) const MAX_ABORT_PAYLOAD: usize = 64 * 1024;
 /// Largest rendezvous message accepted: a welcome for 100,000 ranks is ~3 MB.
 const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
+/// Bytes of a rendezvous message body read at a time (see [`read_message_into`]).
+pub(super) const MESSAGE_PIECE_BYTES: usize = 64 * 1024;
+
 /// What a collective frame carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum FrameKind {
@@ -123,6 +126,15 @@ impl FrameHeader {
         }
         let kind = FrameKind::from_code(bytes[4])
             .ok_or_else(|| format!("received a frame of unknown kind {}", bytes[4]))?;
+        // The padding is zero in every frame this code writes: a header that decodes must be the
+        // one that was sent, byte for byte, or a peer out of step could pass for one in step.
+        if bytes[5..8].iter().chain(&bytes[28..32]).any(|b| *b != 0) {
+            return Err(format!(
+                "received a frame whose padding is not zero (bytes 5-7 {:02x?}, 28-31 {:02x?})",
+                &bytes[5..8],
+                &bytes[28..32]
+            ));
+        }
         Ok(FrameHeader {
             kind,
             seq: u64_at(8),
@@ -331,6 +343,17 @@ pub(super) fn read_message(
     stream: &mut TcpStream,
     deadline: Instant,
 ) -> Result<Message, MessageError> {
+    read_message_into(stream, deadline, &mut Vec::new())
+}
+
+/// [`read_message`], reading the body into `body`. The body is read a piece at a time and the
+/// buffer grows with what arrived: anyone who can connect to the rendezvous port can announce a
+/// 64 MiB message, and the memory it costs should be what it sent, not what it announced.
+pub(super) fn read_message_into(
+    stream: &mut TcpStream,
+    deadline: Instant,
+    body: &mut Vec<u8>,
+) -> Result<Message, MessageError> {
     let mut len = [0u8; 4];
     read_exact_until(stream, &mut len, deadline).map_err(MessageError::Link)?;
     let len = u32::from_be_bytes(len) as usize;
@@ -339,9 +362,13 @@ pub(super) fn read_message(
             "announced length {len} exceeds {MAX_MESSAGE_BYTES} bytes"
         )));
     }
-    let mut body = vec![0u8; len];
-    read_exact_until(stream, &mut body, deadline).map_err(MessageError::Link)?;
-    serde_json::from_slice(&body).map_err(|e| MessageError::Malformed(e.to_string()))
+    body.clear();
+    while body.len() < len {
+        let start = body.len();
+        body.resize(start + (len - start).min(MESSAGE_PIECE_BYTES), 0);
+        read_exact_until(stream, &mut body[start..], deadline).map_err(MessageError::Link)?;
+    }
+    serde_json::from_slice(body).map_err(|e| MessageError::Malformed(e.to_string()))
 }
 
 #[cfg(test)]
@@ -409,5 +436,26 @@ mod tests {
         bytes[4] = 99;
         let error = FrameHeader::decode(&bytes).unwrap_err();
         assert!(error.contains("unknown kind 99"), "{error}");
+    }
+
+    /// Found by the collective_frames fuzz target (fuzz/regressions/collective_frames/): a header
+    /// with non-zero padding decoded as if it were the zero-padded one.
+    #[test]
+    fn headers_with_nonzero_padding_are_refused() {
+        let header = FrameHeader {
+            kind: FrameKind::Keepalive,
+            seq: 768,
+            step: 0,
+            chunk: 0,
+            payload_len: 0,
+            total: 0,
+        };
+        for at in [5, 6, 7, 28, 29, 30, 31] {
+            let mut bytes = header.encode();
+            bytes[at] = 1;
+            let error = FrameHeader::decode(&bytes).unwrap_err();
+            assert!(error.contains("padding is not zero"), "byte {at}: {error}");
+        }
+        assert_eq!(FrameHeader::decode(&header.encode()), Ok(header));
     }
 }

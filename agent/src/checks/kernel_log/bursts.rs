@@ -12,8 +12,8 @@ use std::time::{Duration, SystemTime};
 use fleetmend_proto::{Finding, RecommendedAction, Status};
 use serde::Deserialize;
 
-use super::rules::RuleMatch;
-use super::{MAX_SUBJECTS, NAME, age};
+use super::rules::{RuleMatch, truncate_chars};
+use super::{MAX_MESSAGE_CHARS, MAX_SUBJECTS, NAME, age};
 use crate::config::ConfigProblems;
 
 /// Lines closer together than this are one incident.
@@ -155,7 +155,7 @@ impl XidBursts {
         let rules = &self.rules;
         self.tracks.retain(|(_, code, _), track| {
             rules.get(code).is_some_and(|rule| {
-                track.last.is_some_and(|last| age(now, last) <= rule.window * 2)
+                track.last.is_some_and(|last| age(now, last) <= rule.window.saturating_mul(2))
             })
         });
         for ((pci, code, place), track) in &self.tracks {
@@ -172,7 +172,12 @@ impl XidBursts {
                     pci.clone(),
                     rule.status,
                     rule.action,
-                    format!("Xid {code} repeated {incidents} times within {window}{place}: {line}"),
+                    truncate_chars(
+                        &format!(
+                            "Xid {code} repeated {incidents} times within {window}{place}: {line}"
+                        ),
+                        MAX_MESSAGE_CHARS,
+                    ),
                 )
                 .with_value(*incidents as f64);
                 finding.labels = track.labels.clone();
@@ -234,6 +239,36 @@ mod tests {
         out.clear();
         bursts.findings(t0 + minute * 66, &mut out);
         assert_eq!(out[0].status, Status::Ok, "{out:?}");
+    }
+
+    /// Found by the kernel_log fuzz target's cap on finding messages
+    /// (fuzz/regressions/kernel_log/): a burst's message carried its whole line, up to 8 KiB.
+    #[test]
+    fn a_burst_message_is_cut_like_any_finding_message() {
+        let mut bursts = XidBursts::new(&default_bursts());
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let line = "x".repeat(8192);
+        for i in 0..5 {
+            bursts.observe(&xid13("1", "2"), t0 + Duration::from_secs(60) * i, &line);
+        }
+        let mut out = Vec::new();
+        bursts.findings(t0 + Duration::from_secs(300), &mut out);
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(out[0].message.chars().count(), MAX_MESSAGE_CHARS);
+    }
+
+    /// A window as long as a config can say (humantime parses up to `u64::MAX` seconds) does not
+    /// overflow when the findings are made.
+    #[test]
+    fn the_longest_window_does_not_overflow() {
+        let rule =
+            XidBurstRule { window: Duration::from_secs(u64::MAX), ..XidBurstRule::default() };
+        let mut bursts = XidBursts::new(&[("13".to_owned(), rule)].into_iter().collect());
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        bursts.observe(&xid13("1", "2"), t0, "line");
+        let mut out = Vec::new();
+        bursts.findings(t0 + Duration::from_secs(60), &mut out);
+        assert!(out.is_empty(), "{out:?}");
     }
 
     #[test]

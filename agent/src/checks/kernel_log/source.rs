@@ -63,7 +63,15 @@ pub fn parse_record(raw: &[u8]) -> Record {
     let raw = &raw[..raw.len().min(MAX_LINE_BYTES)];
     let first = raw.split(|b| *b == b'\n').next().unwrap_or_default();
     let line = String::from_utf8_lossy(first);
-    let line = line.trim_end_matches(['\r', '\0']);
+    let mut line = line.trim_end_matches(['\r', '\0']);
+    // Each invalid byte became a 3-byte replacement character: cut again, at a character.
+    if line.len() > MAX_LINE_BYTES {
+        let mut cut = MAX_LINE_BYTES;
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        line = &line[..cut];
+    }
     let parsed = parse_line(line);
     Record {
         text: parsed.message.into_owned(),
@@ -345,6 +353,16 @@ mod tests {
     fn long_records_are_cut() {
         let long = vec![b'a'; MAX_LINE_BYTES * 3];
         assert_eq!(parse_record(&long).text.len(), MAX_LINE_BYTES);
+    }
+
+    /// Found by the kernel_log fuzz target's bound (fuzz/regressions/kernel_log/): invalid UTF-8
+    /// became replacement characters three times its size, so a record's text reached
+    /// 3 × MAX_LINE_BYTES.
+    #[test]
+    fn invalid_utf8_does_not_grow_a_record_past_the_cap() {
+        let text = parse_record(&vec![0xff; MAX_LINE_BYTES]).text;
+        assert!(text.len() <= MAX_LINE_BYTES, "{} bytes", text.len());
+        assert!(text.len() > MAX_LINE_BYTES - 3 && text.chars().all(|c| c == '\u{fffd}'));
     }
 
     #[test]

@@ -189,10 +189,9 @@ impl SlurmSpares {
         let pending = parse_pending(&pending);
         let healthy = |slurm_name: &str| {
             let name = scheduler.fleetmend_name(slurm_name);
-            self.nodes
-                .lock()
-                .get(name)
-                .is_some_and(|n| n.state == NodeState::Healthy && n.workflow.is_none())
+            self.nodes.lock().get(name).is_some_and(|n| {
+                n.state == NodeState::Healthy && n.workflow.is_none() && !n.unknown
+            })
         };
         let now = self.clock.now_ms();
         let plan = plan(&nodes, &pending, &scheduler.recently_requeued(now), pool, healthy);
