@@ -41,6 +41,7 @@ pub const PROBE_FAILED: &str = "probe_failed";
 
 /// Bytes of a process's output kept for a message: enough for the error, bounded for the report.
 const OUTPUT_TAIL_BYTES: usize = 1024;
+const _: () = assert!(OUTPUT_TAIL_BYTES < fleetmend_proto::bounds::MAX_MESSAGE_BYTES / 2);
 /// How long a check that its own loop is running is polled for before a deep check runs it.
 const BUSY_POLL: Duration = Duration::from_millis(50);
 /// After a process ended, how long its output pipes may stay open (a leftover child holding them).
@@ -73,8 +74,12 @@ impl CommandOutbox {
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Adds a result and asks for a report.
-    pub fn push(&self, result: CommandResult) {
+    /// Adds a result, cut to the wire's bounds, and asks for a report. Cut here, not when the
+    /// report is built, so that the result a report carried is the one [`Self::delivered`] finds.
+    pub fn push(&self, mut result: CommandResult) {
+        if fleetmend_proto::bounds::fit_command_result(&mut result) > 0 {
+            tracing::warn!(id = %result.id, kind = %result.kind, "command result cut to the wire's bounds");
+        }
         self.lock().push(result);
         self.ready.notify_one();
     }
@@ -765,6 +770,25 @@ mod tests {
         outbox.push(second.clone());
         outbox.delivered(&sent);
         assert_eq!(outbox.pending(), [second]);
+    }
+
+    #[test]
+    fn a_result_past_the_wire_bounds_is_cut_when_queued_and_still_delivered() {
+        let outbox = CommandOutbox::default();
+        let long = "x".repeat(fleetmend_proto::bounds::MAX_MESSAGE_BYTES + 1);
+        let mut result = result_of(&command("p1", "deep-check"), false, long);
+        result.findings = vec![Finding::ok("probe", "probe_failed", "p"); 3];
+        outbox.push(result);
+        let mut report: fleetmend_proto::Report = serde_json::from_str(
+            r#"{"wire_version":1,"node":"n1","boot_id":"b","agent_version":"1","seq":1,
+                "sent_at_ms":1,"trigger":"command","verdict":"healthy","checks":[],"findings":[]}"#,
+        )
+        .unwrap();
+        report.command_results = outbox.pending();
+        assert_eq!(fleetmend_proto::bounds::check_report(&report), Ok(()));
+        assert_eq!(fleetmend_proto::bounds::fit_report(&mut report), 0);
+        outbox.delivered(&report.command_results);
+        assert!(outbox.is_empty(), "the cut result is the one delivered");
     }
 
     #[tokio::test]

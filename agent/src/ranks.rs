@@ -48,6 +48,8 @@ const REAP_GRACE: Duration = Duration::from_secs(5);
 const ORPHAN_POLL: Duration = Duration::from_millis(100);
 /// The longest job name accepted: it becomes a directory name.
 const MAX_JOB_NAME: usize = 200;
+const _: () = assert!(MAX_JOB_NAME <= fleetmend_proto::bounds::MAX_ID_BYTES);
+const _: () = assert!(REMEMBERED_ENDED < fleetmend_proto::bounds::MAX_RANKS);
 /// Stack of a thread that only waits for its rank.
 const WAITER_STACK: usize = 64 * 1024;
 

@@ -178,6 +178,12 @@ impl Reporter {
                     report.address = Some(ranks.address().to_owned());
                 }
             }
+            // A report past the wire's bounds would be refused whole; nothing a check makes comes
+            // near them, but a configured name or command line could.
+            let cut = fleetmend_proto::bounds::fit_report(&mut report);
+            if cut > 0 {
+                tracing::warn!(cut, "fields of the report cut to the wire's bounds");
+            }
             match self.send(&report).await {
                 Ok(reply) => {
                     if failures > 0 {

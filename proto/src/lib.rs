@@ -9,6 +9,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+pub mod bounds;
 pub mod jobs;
 pub mod probes;
 

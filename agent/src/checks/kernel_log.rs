@@ -43,6 +43,8 @@ pub const NAME: &str = "kernel_log";
 
 /// Longest finding message (the matched log line, cut).
 const MAX_MESSAGE_CHARS: usize = 300;
+// At most four bytes a character: within the wire's bound.
+const _: () = assert!(MAX_MESSAGE_CHARS * 4 <= fleetmend_proto::bounds::MAX_MESSAGE_BYTES);
 
 /// Most (rule, subject) pairs remembered; beyond it the one seen longest ago is forgotten, so a log
 /// full of distinct subjects cannot grow the agent without bound.

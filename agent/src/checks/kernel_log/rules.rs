@@ -24,6 +24,9 @@ const MAX_LABEL_CHARS: usize = 64;
 
 /// Longest subject built from a template, for the same reason.
 const MAX_SUBJECT_CHARS: usize = 128;
+// At most four bytes a character: within the wire's bounds.
+const _: () = assert!(MAX_LABEL_CHARS * 4 <= fleetmend_proto::bounds::MAX_LABEL_VALUE_BYTES);
+const _: () = assert!(MAX_SUBJECT_CHARS * 4 <= fleetmend_proto::bounds::MAX_SUBJECT_BYTES);
 
 /// Most lines one rule may span (`lines`).
 pub const MAX_LINES: usize = 4;
