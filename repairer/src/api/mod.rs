@@ -1,9 +1,10 @@
 //! The repairer's HTTP surface: agent reports, inbound alert webhooks, the admin API, `/metrics`.
 //!
 //! Agents and alert sources authenticate with bearer tokens, people with named credentials whose
-//! role opens some routes and not others ([`crate::access`]). Bodies are size-limited; a
-//! malformed or unauthenticated request gets a 4xx naming what is wrong, is counted, and changes
-//! nothing.
+//! role opens some routes and not others ([`crate::access`]). Bodies are size-limited and every
+//! collection and string in them bounded ([`fleetmend_proto::bounds`]); a malformed or
+//! unauthenticated request gets a 4xx naming what is wrong, is counted, and changes nothing. Every
+//! error, axum's own refusals included, is `{"error": "..."}`.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -28,8 +29,10 @@ use crate::limits::Caller;
 use crate::model::{Actor, Event, EventKind, FindingSource, RuleAction, Severity};
 use crate::workflow::{KeptEvidence, Workflow};
 use auth::{alert_source, bearer, gate, not_for_this, report_sender};
+use rejections::{Path, Query};
 
 mod auth;
+mod rejections;
 mod throttle;
 
 /// Shared state of the handlers.
@@ -176,13 +179,13 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/v1/openapi.json", get(openapi))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
+        // After every route: it applies to the routes there are.
+        .method_not_allowed_fallback(rejections::method_not_allowed)
+        .fallback(rejections::no_route)
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(state.clone(), throttle::by_caller))
         .with_state(state)
 }
-
-/// Largest number of findings one report may carry.
-const MAX_FINDINGS: usize = 10_000;
 
 async fn report(
     State(state): State<Arc<ApiState>>,
@@ -243,7 +246,7 @@ async fn report(
     }
 }
 
-/// Checks what serde cannot: names and sizes.
+/// Checks what serde cannot: names and sizes (every bound of [`fleetmend_proto::bounds`]).
 pub(crate) fn check_report(report: &Report) -> Result<(), String> {
     if report.wire_version != WIRE_VERSION {
         return Err(format!(
@@ -257,9 +260,7 @@ pub(crate) fn check_report(report: &Report) -> Result<(), String> {
             report.node
         ));
     }
-    if report.findings.len() > MAX_FINDINGS {
-        return Err(format!("findings: {} is more than {MAX_FINDINGS}", report.findings.len()));
-    }
+    fleetmend_proto::bounds::check_report(report).map_err(|err| err.to_string())?;
     if let Some((i, _)) =
         report.findings.iter().enumerate().find(|(_, f)| f.check.is_empty() || f.finding.is_empty())
     {
@@ -686,6 +687,8 @@ async fn job_progress(
     let body = read_body(body, state.max_body_bytes)?;
     let progress: fleetmend_proto::Progress = serde_json::from_slice(&body)
         .map_err(|err| bad_request(format!("malformed progress: {err}")))?;
+    fleetmend_proto::bounds::check_progress(&progress)
+        .map_err(|err| bad_request(format!("progress: {err}")))?;
     Ok(axum::Json(queue.progress(&id, token, &progress).map_err(refused)?).into_response())
 }
 

@@ -6,6 +6,7 @@ use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
 
+use fleetmend_proto::bounds;
 use fleetmend_proto::{Progress, RankState, RankStatus};
 use serde::{Deserialize, Serialize};
 
@@ -167,8 +168,9 @@ const RESERVED_ENV: &[&str] = &[
     fleetmend_proto::jobs::PROGRESS_TOKEN_VAR,
 ];
 
-/// Most ranks one job may ask for.
-pub const MAX_NODES: u32 = 100_000;
+/// Most ranks one job may ask for (each rank's progress names the ranks it waits for: the bound
+/// of that list is this).
+pub const MAX_NODES: u32 = bounds::MAX_JOB_RANKS;
 
 impl JobSpec {
     /// Every problem, naming its field.
@@ -185,7 +187,23 @@ impl JobSpec {
         } else if self.argv[0].trim().is_empty() {
             push("argv[0]", "must not be empty".to_owned());
         }
-        if !Path::new(&self.checkpoint_dir).is_absolute() {
+        if self.argv.len() > bounds::MAX_ARGS {
+            let count = self.argv.len();
+            push("argv", format!("{count} arguments is more than {}", bounds::MAX_ARGS));
+        }
+        for (i, arg) in self.argv.iter().enumerate().take(bounds::MAX_ARGS) {
+            if arg.len() > bounds::MAX_ARG_BYTES {
+                let size = arg.len();
+                push(
+                    &format!("argv[{i}]"),
+                    format!("{size} bytes is more than {}", bounds::MAX_ARG_BYTES),
+                );
+            }
+        }
+        if self.checkpoint_dir.len() > bounds::MAX_PATH_BYTES {
+            let size = self.checkpoint_dir.len();
+            push("checkpoint_dir", format!("{size} bytes is more than {}", bounds::MAX_PATH_BYTES));
+        } else if !Path::new(&self.checkpoint_dir).is_absolute() {
             push("checkpoint_dir", format!("{:?} is not an absolute path", self.checkpoint_dir));
         }
         if let Some(name) = &self.name
@@ -193,7 +211,21 @@ impl JobSpec {
         {
             push("name", "must be 1 to 128 printable characters".to_owned());
         }
-        for key in self.env.keys() {
+        if self.env.len() > bounds::MAX_ENV {
+            let count = self.env.len();
+            push("env", format!("{count} variables is more than {}", bounds::MAX_ENV));
+        }
+        for (key, value) in self.env.iter().take(bounds::MAX_ENV) {
+            // The kernel's bound is on the whole `KEY=value` string.
+            let size = key.len() + 1 + value.len();
+            if size > bounds::MAX_ARG_BYTES {
+                let shown: String = key.chars().take(64).collect();
+                push(
+                    &format!("env.{shown}"),
+                    format!("{size} bytes is more than {}", bounds::MAX_ARG_BYTES),
+                );
+                continue;
+            }
             if key.is_empty() || key.contains('=') || key.contains('\0') {
                 push(&format!("env.{key}"), "is not an environment variable name".to_owned());
             } else if RESERVED_ENV.contains(&key.as_str()) {
