@@ -526,11 +526,16 @@ pub fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
 }
 
-/// Raises this process's soft descriptor limit to the hard one (children inherit it); returns the
-/// new soft limit.
-pub fn raise_fd_limit() -> u64 {
+/// Raises this process's descriptor limit (children inherit it) to at least `want` where the
+/// hard limit allows or root may raise it, else to the hard limit; returns the new soft limit.
+pub fn raise_fd_limit(want: u64) -> u64 {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
+    // Root may raise the hard limit too (up to fs.nr_open); a runner started with a low one
+    // would otherwise fail the test for its own setting.
+    if hard < want && setrlimit(Resource::RLIMIT_NOFILE, want, want).is_ok() {
+        return want;
+    }
     setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
         .expect("raising RLIMIT_NOFILE to the hard limit");
     hard

@@ -230,7 +230,8 @@ fn assert_fds_rose(fds: impl Iterator<Item = usize>, baseline: usize) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_sent_requests_are_closed_at_the_header_timeout_while_an_agent_keeps_reporting() {
-    assert!(raise_fd_limit() >= 2 * ATTACKERS as u64 + 512, "the hard descriptor limit is too low");
+    let need = 2 * ATTACKERS as u64 + 512;
+    assert!(raise_fd_limit(need) >= need, "the descriptor limit cannot be raised to {need}");
     let dir = tempfile::tempdir().unwrap();
     let (repairer_addr, repairer) = repairer_in(dir.path(), LISTENER);
     let agent_dir = dir.path().join("agent");
@@ -285,7 +286,8 @@ async fn half_sent_requests_are_closed_at_the_header_timeout_while_an_agent_keep
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_sent_requests_to_the_agent_are_closed_and_its_metrics_keep_answering() {
-    assert!(raise_fd_limit() >= 2 * ATTACKERS as u64 + 512, "the hard descriptor limit is too low");
+    let need = 2 * ATTACKERS as u64 + 512;
+    assert!(raise_fd_limit(need) >= need, "the descriptor limit cannot be raised to {need}");
     let dir = tempfile::tempdir().unwrap();
     let (listen, agent, _) = agent(dir.path(), "n2", None, LISTENER);
     let pid = agent.child.id();
