@@ -26,6 +26,9 @@ const MAX_LABEL_CHARS: usize = 64;
 const MAX_SUBJECT_CHARS: usize = 128;
 // At most four bytes a character: within the wire's bounds.
 const _: () = assert!(MAX_LABEL_CHARS * 4 <= fleetmend_proto::bounds::MAX_LABEL_VALUE_BYTES);
+/// Named capture groups a rule may have: the wire's labels per finding, less `rule` and `count`.
+const MAX_GROUPS: usize = fleetmend_proto::bounds::MAX_LABELS - 2;
+const MAX_LABEL_KEY_BYTES: usize = fleetmend_proto::bounds::MAX_LABEL_KEY_BYTES;
 const _: () = assert!(MAX_SUBJECT_CHARS * 4 <= fleetmend_proto::bounds::MAX_SUBJECT_BYTES);
 
 /// Most lines one rule may span (`lines`).
@@ -602,6 +605,24 @@ pub fn compile(rule: &KernelLogRule) -> Result<Rule, Vec<RuleProblem>> {
         }
     };
     if let Some(regex) = &regex {
+        // Each named group becomes a label of the finding, beside `rule` (and `count` for a
+        // burst): more than the wire allows would be cut at send time, so refuse it here.
+        let groups = group_names(regex).count();
+        if groups > MAX_GROUPS {
+            problems.push((
+                "pattern",
+                format!("{groups} named capture groups is more than {MAX_GROUPS} (each becomes a label of the finding)"),
+            ));
+        }
+        if let Some(name) = group_names(regex).find(|n| n.len() > MAX_LABEL_KEY_BYTES) {
+            problems.push((
+                "pattern",
+                format!(
+                    "the capture group name {:?}... is longer than {MAX_LABEL_KEY_BYTES} bytes (it becomes a label key)",
+                    truncate_chars(name, 32)
+                ),
+            ));
+        }
         let has_group = |name: &str| group_names(regex).any(|n| n == name);
         for part in subject.iter().flatten() {
             if let TemplatePart::Group(name) = part
@@ -908,6 +929,20 @@ mod tests {
         let catalog = KernelLogRule { action: "xid-catalog".into(), ..rule("Xid") };
         let problems = compile(&catalog).err().unwrap_or_default();
         assert_eq!(problems.iter().map(|p| p.0).collect::<Vec<_>>(), ["action"]);
+    }
+
+    #[test]
+    fn more_groups_than_a_finding_has_labels_is_refused() {
+        let groups = |n: usize| (0..n).map(|i| format!("(?P<g{i}>\\d)")).collect::<String>();
+        assert!(compile(&rule(&groups(MAX_GROUPS))).is_ok());
+        let problems = compile(&rule(&groups(MAX_GROUPS + 1))).err().unwrap_or_default();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].0, "pattern");
+        assert!(problems[0].1.contains(&format!("{} named capture groups", MAX_GROUPS + 1)));
+        let long = format!("(?P<{}>x)", "k".repeat(MAX_LABEL_KEY_BYTES + 1));
+        let problems = compile(&rule(&long)).err().unwrap_or_default();
+        assert_eq!(problems.iter().map(|p| p.0).collect::<Vec<_>>(), ["pattern"]);
+        assert!(problems[0].1.contains("longer than 128 bytes"), "{problems:?}");
     }
 
     #[test]
