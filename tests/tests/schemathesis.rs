@@ -29,7 +29,7 @@ const CALLERS: &[(&str, &str)] = &[
 /// Test cases per operation and phase: enough to cross every bound, few enough for 2 busy cores.
 const MAX_EXAMPLES: &str = "12";
 /// One run's budget (the test's whole, five runs, stays under 3 minutes).
-const MAX_SECONDS: &str = "30";
+const MAX_SECONDS: &str = "25";
 
 /// `SCHEMATHESIS`, else the venv scripts/test installs, else `st` on PATH.
 fn schemathesis() -> PathBuf {
