@@ -25,16 +25,21 @@ use crate::access::Role;
 use crate::alerts::Alerts;
 use crate::config::Tokens;
 use crate::engine::{Engine, EngineError, NodeRecord};
-use crate::inbound::{self, InboundConfig, SnsMessage};
+use crate::inbound::InboundConfig;
 use crate::limits::Caller;
-use crate::model::{Actor, Event, EventKind, FindingSource, RuleAction, Severity};
+use crate::model::{Event, RuleAction};
 use crate::workflow::{KeptEvidence, Workflow};
-use auth::{alert_source, bearer, gate, not_for_this, report_sender};
-use body::{parse_json, read_body, read_json_body};
+use auth::{gate, report_sender};
+use body::{parse_json, read_json_body};
 use rejections::{Path, Query};
 
+mod alerts;
 mod auth;
 mod body;
+use alerts::*;
+mod jobs;
+use jobs::*;
+pub mod openapi;
 mod rejections;
 mod throttle;
 
@@ -185,9 +190,9 @@ pub fn router(state: Arc<ApiState>) -> Router {
     request_body(content = fleetmend_proto::Report, content_type = "application/json"),
     responses(
         (status = 200, description = "taken", body = fleetmend_proto::ReportReply),
-        (status = 400, description = "malformed, or past a bound (the message names the field)", body = crate::openapi::Error),
-        crate::openapi::BodyRefused,
-        crate::openapi::AgentRefused
+        (status = 400, description = "malformed, or past a bound (the message names the field)", body = crate::api::openapi::Error),
+        crate::api::openapi::BodyRefused,
+        crate::api::openapi::AgentRefused
     ),
     extensions(("x-fleetmend-role" = json!("agent")))
 )]
@@ -273,150 +278,13 @@ pub(crate) fn check_report(report: &Report) -> Result<(), String> {
     Ok(())
 }
 
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
-#[into_params(parameter_in = Query)]
-struct TokenQuery {
-    /// The alerts token, for a sender that cannot set a header (Amazon SNS).
-    token: Option<String>,
-}
-
-/// What became of the alerts of a webhook post.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-struct InboundAnswer {
-    accepted: usize,
-    skipped: usize,
-    unknown_nodes: Vec<String>,
-}
-
-#[utoipa::path(
-    post,
-    path = "/v1/alerts/alertmanager",
-    summary = "Alertmanager webhook (version 4): firing alerts naming a node become its findings; resolved ones clear them",
-    params(TokenQuery),
-    request_body(content = crate::openapi::AlertmanagerBody, content_type = "application/json"),
-    responses(
-        (status = 200, description = "taken: accepted, skipped and unknown nodes counted", body = InboundAnswer),
-        (status = 400, description = "not an Alertmanager notification of version 4 (the message says why)", body = crate::openapi::Error),
-        crate::openapi::BodyRefused,
-        crate::openapi::AlertsRefused
-    ),
-    extensions(("x-fleetmend-role" = json!("alerts")))
-)]
-async fn alertmanager(
-    State(state): State<Arc<ApiState>>,
-    headers: HeaderMap,
-    Query(query): Query<TokenQuery>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    alert_source(&state, &headers, query.token.as_deref())?;
-    let body = read_json_body(&headers, body, state.max_body_bytes)?;
-    let parsed = inbound::parse_alertmanager(&body, &state.inbound)
-        .map_err(|err| bad_request(err.to_string()))?;
-    let mut answer =
-        InboundAnswer { accepted: 0, skipped: parsed.skipped, unknown_nodes: Vec::new() };
-    for alert in parsed.alerts {
-        match state.engine.ingest_external(
-            &alert.node,
-            FindingSource::Alertmanager,
-            &alert.finding,
-            alert.firing,
-        ) {
-            Ok(()) => answer.accepted += 1,
-            Err(EngineError::UnknownNode(node) | EngineError::NotInInventory(node)) => {
-                answer.unknown_nodes.push(node)
-            }
-            Err(err) => return Err(err.into()),
-        }
-    }
-    Ok(axum::Json(answer).into_response())
-}
-
-#[utoipa::path(
-    post,
-    path = "/v1/alerts/cloudwatch",
-    summary = "SNS HTTP notification whose Message is a CloudWatch alarm; SubscriptionConfirmation is recorded for the operator",
-    params(TokenQuery),
-    request_body(content((crate::openapi::SnsBody = "text/plain"), (crate::openapi::SnsBody = "application/json")), description = "SNS posts its JSON as text/plain"),
-    responses(
-        (status = 200, description = "taken (an alarm: accepted, skipped and unknown nodes counted; a subscription confirmation: recorded)", body = InboundAnswer),
-        (status = 400, description = "not an SNS message this repairer reads (the message says why)", body = crate::openapi::Error),
-        (status = 413, description = "the body is larger than max_body_bytes", body = crate::openapi::Error),
-        crate::openapi::AlertsRefused
-    ),
-    extensions(("x-fleetmend-role" = json!("alerts")))
-)]
-async fn cloudwatch(
-    State(state): State<Arc<ApiState>>,
-    headers: HeaderMap,
-    Query(query): Query<TokenQuery>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    alert_source(&state, &headers, query.token.as_deref())?;
-    let body = read_body(body, state.max_body_bytes)?;
-    let message =
-        inbound::parse_sns(&body, &state.inbound).map_err(|err| bad_request(err.to_string()))?;
-    let now = state.engine.clock().now_ms();
-    match message {
-        SnsMessage::Alarm(Some(alert)) => {
-            match state.engine.ingest_external(
-                &alert.node,
-                FindingSource::Cloudwatch,
-                &alert.finding,
-                alert.firing,
-            ) {
-                Ok(()) => Ok(axum::Json(InboundAnswer {
-                    accepted: 1,
-                    skipped: 0,
-                    unknown_nodes: Vec::new(),
-                })
-                .into_response()),
-                Err(EngineError::UnknownNode(node) | EngineError::NotInInventory(node)) => {
-                    Ok(axum::Json(InboundAnswer {
-                        accepted: 0,
-                        skipped: 0,
-                        unknown_nodes: vec![node],
-                    })
-                    .into_response())
-                }
-                Err(err) => Err(err.into()),
-            }
-        }
-        SnsMessage::Alarm(None) => {
-            Ok(axum::Json(InboundAnswer { accepted: 0, skipped: 1, unknown_nodes: Vec::new() })
-                .into_response())
-        }
-        SnsMessage::SubscriptionConfirmation { topic_arn, subscribe_url, .. } => {
-            let event = Event::new(
-                EventKind::Subscription,
-                Severity::Warning,
-                None,
-                Actor("cloudwatch".to_owned()),
-                format!(
-                    "SNS topic {topic_arn} asks to confirm the subscription: open {subscribe_url}"
-                ),
-                now,
-            );
-            state
-                .engine
-                .events()
-                .record(&event)
-                .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-            if let Ok(mut list) = state.subscriptions.lock() {
-                list.push(Subscription { topic_arn, subscribe_url, received_ms: now });
-            }
-            Ok(StatusCode::OK.into_response())
-        }
-        SnsMessage::UnsubscribeConfirmation { .. } => Ok(StatusCode::OK.into_response()),
-    }
-}
-
 #[utoipa::path(
     get,
     path = "/v1/nodes",
     summary = "Every node",
     responses(
         (status = 200, description = "the nodes", body = Vec<crate::engine::NodeSummary>),
-        crate::openapi::PersonRefused
+        crate::api::openapi::PersonRefused
     ),
     extensions(("x-fleetmend-role" = json!("read")))
 )]
@@ -447,7 +315,7 @@ pub struct TargetGroup {
     summary = "Prometheus HTTP service discovery (http_sd_configs): one target group per node whose agent told its metrics port (labels node, state, component=agent; retired nodes left out), and the repairer itself at the Host the request named (component=repairer)",
     responses(
         (status = 200, description = "the target groups", body = Vec<TargetGroup>),
-        crate::openapi::PersonRefused
+        crate::api::openapi::PersonRefused
     ),
     extensions(("x-fleetmend-role" = json!("read")))
 )]
@@ -502,9 +370,9 @@ pub struct NodeDetail {
     params(("name" = String, Path, description = "the node's name")),
     responses(
         (status = 200, description = "the node", body = NodeDetail),
-        (status = 400, description = "the path parameter does not read (not UTF-8 once decoded)", body = crate::openapi::Error),
-        (status = 404, description = "no node of that name", body = crate::openapi::Error),
-        crate::openapi::PersonRefused
+        (status = 400, description = "the path parameter does not read (not UTF-8 once decoded)", body = crate::api::openapi::Error),
+        (status = 404, description = "no node of that name", body = crate::api::openapi::Error),
+        crate::api::openapi::PersonRefused
     ),
     extensions(("x-fleetmend-role" = json!("read")))
 )]
@@ -546,9 +414,9 @@ pub(crate) const EVIDENCE_LIMIT: usize = 100;
     params(("name" = String, Path, description = "the node's name"), EvidenceQuery),
     responses(
         (status = 200, description = "the bundles", body = Vec<crate::workflow::KeptEvidence>),
-        (status = 400, description = "a path parameter or ?limit= that does not read, or a limit out of range", body = crate::openapi::Error),
-        (status = 404, description = "no node of that name", body = crate::openapi::Error),
-        crate::openapi::PersonRefused
+        (status = 400, description = "a path parameter or ?limit= that does not read, or a limit out of range", body = crate::api::openapi::Error),
+        (status = 404, description = "no node of that name", body = crate::api::openapi::Error),
+        crate::api::openapi::PersonRefused
     ),
     extensions(("x-fleetmend-role" = json!("read")))
 )]
@@ -624,10 +492,10 @@ fn read_action(
     params(("name" = String, Path, description = "the node's name")),
     responses(
         (status = 200, description = "the drain workflow", body = WorkflowStarted),
-        (status = 400, description = "the path parameter does not read (not UTF-8 once decoded)", body = crate::openapi::Error),
-        (status = 404, description = "no node of that name", body = crate::openapi::Error),
-        (status = 409, description = "refused: a guard rail, or the node's state does not allow it", body = crate::openapi::Error),
-        crate::openapi::PersonRefused
+        (status = 400, description = "the path parameter does not read (not UTF-8 once decoded)", body = crate::api::openapi::Error),
+        (status = 404, description = "no node of that name", body = crate::api::openapi::Error),
+        (status = 409, description = "refused: a guard rail, or the node's state does not allow it", body = crate::api::openapi::Error),
+        crate::api::openapi::PersonRefused
     ),
     extensions(("x-fleetmend-role" = json!("operator")))
 )]
@@ -648,10 +516,10 @@ async fn drain(
     params(("name" = String, Path, description = "the node's name")),
     responses(
         (status = 200, description = "what came of it", body = UndrainOutcome),
-        (status = 400, description = "the path parameter does not read (not UTF-8 once decoded)", body = crate::openapi::Error),
-        (status = 404, description = "no node of that name", body = crate::openapi::Error),
-        (status = 409, description = "refused: the node is not drained by a person, or its state does not allow it", body = crate::openapi::Error),
-        crate::openapi::PersonRefused
+        (status = 400, description = "the path parameter does not read (not UTF-8 once decoded)", body = crate::api::openapi::Error),
+        (status = 404, description = "no node of that name", body = crate::api::openapi::Error),
+        (status = 409, description = "refused: the node is not drained by a person, or its state does not allow it", body = crate::api::openapi::Error),
+        crate::api::openapi::PersonRefused
     ),
     extensions(("x-fleetmend-role" = json!("operator")))
 )]
@@ -673,11 +541,11 @@ async fn undrain(
     request_body(content = RepairBody, content_type = "application/json"),
     responses(
         (status = 200, description = "the repair workflow", body = WorkflowStarted),
-        (status = 400, description = "the path parameter or body does not read, or names no action", body = crate::openapi::Error),
-        (status = 404, description = "no node of that name", body = crate::openapi::Error),
-        (status = 409, description = "refused: a guard rail, or the node's state does not allow it", body = crate::openapi::Error),
-        crate::openapi::BodyRefused,
-        crate::openapi::PersonRefused
+        (status = 400, description = "the path parameter or body does not read, or names no action", body = crate::api::openapi::Error),
+        (status = 404, description = "no node of that name", body = crate::api::openapi::Error),
+        (status = 409, description = "refused: a guard rail, or the node's state does not allow it", body = crate::api::openapi::Error),
+        crate::api::openapi::BodyRefused,
+        crate::api::openapi::PersonRefused
     ),
     extensions(("x-fleetmend-role" = json!("operator")))
 )]
@@ -702,11 +570,11 @@ async fn repair(
     request_body(content = Option<ActionBody>, content_type = "application/json", description = "empty: replace"),
     responses(
         (status = 204, description = "approved"),
-        (status = 400, description = "the path parameter or body does not read", body = crate::openapi::Error),
-        (status = 404, description = "no node of that name", body = crate::openapi::Error),
-        (status = 409, description = "refused: nothing waits for this approval", body = crate::openapi::Error),
-        crate::openapi::BodyRefused,
-        crate::openapi::PersonRefused
+        (status = 400, description = "the path parameter or body does not read", body = crate::api::openapi::Error),
+        (status = 404, description = "no node of that name", body = crate::api::openapi::Error),
+        (status = 409, description = "refused: nothing waits for this approval", body = crate::api::openapi::Error),
+        crate::api::openapi::BodyRefused,
+        crate::api::openapi::PersonRefused
     ),
     extensions(("x-fleetmend-role" = json!("operator")))
 )]
@@ -740,8 +608,8 @@ struct EventsQuery {
     params(EventsQuery),
     responses(
         (status = 200, description = "the events", body = Vec<crate::model::Event>),
-        (status = 400, description = "a query parameter that does not read", body = crate::openapi::Error),
-        crate::openapi::PersonRefused
+        (status = 400, description = "a query parameter that does not read", body = crate::api::openapi::Error),
+        crate::api::openapi::PersonRefused
     ),
     extensions(("x-fleetmend-role" = json!("read")))
 )]
@@ -766,7 +634,7 @@ async fn events(
     summary = "The breaker",
     responses(
         (status = 200, description = "its state", body = crate::breaker::BreakerState),
-        crate::openapi::PersonRefused
+        crate::api::openapi::PersonRefused
     ),
     extensions(("x-fleetmend-role" = json!("read")))
 )]
@@ -784,7 +652,7 @@ async fn breaker(
     summary = "Close the breaker (a person)",
     responses(
         (status = 200, description = "its state", body = crate::breaker::BreakerState),
-        crate::openapi::PersonRefused
+        crate::api::openapi::PersonRefused
     ),
     extensions(("x-fleetmend-role" = json!("operator")))
 )]
@@ -802,7 +670,7 @@ async fn close_breaker(
     summary = "SNS subscription confirmations waiting for an operator",
     responses(
         (status = 200, description = "the confirmations", body = Vec<Subscription>),
-        crate::openapi::PersonRefused
+        crate::api::openapi::PersonRefused
     ),
     extensions(("x-fleetmend-role" = json!("admin")))
 )]
@@ -815,181 +683,20 @@ async fn subscriptions(
     Ok(axum::Json(list).into_response())
 }
 
-// --- the embedded job queue ----------------------------------------------------------------------
-
-impl From<crate::queue::QueueError> for ApiError {
-    fn from(err: crate::queue::QueueError) -> ApiError {
-        use crate::queue::QueueError;
-        let status = match &err {
-            QueueError::UnknownJob(_) => StatusCode::NOT_FOUND,
-            QueueError::InvalidSpec(_) | QueueError::BadProgress { .. } => StatusCode::BAD_REQUEST,
-            QueueError::Conflict { .. } => StatusCode::CONFLICT,
-            QueueError::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
-            QueueError::OtherRank { .. } => StatusCode::FORBIDDEN,
-            QueueError::Store { .. } | QueueError::Load(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        ApiError(status, err.to_string())
-    }
-}
-
-fn queue(state: &ApiState) -> Result<&Arc<crate::queue::JobQueue>, ApiError> {
-    state.queue.as_ref().ok_or_else(|| {
-        ApiError(
-            StatusCode::NOT_FOUND,
-            "this repairer runs no job queue (set scheduler = \"embedded\")".to_owned(),
-        )
-    })
-}
-
-#[utoipa::path(
-    get,
-    path = "/v1/jobs",
-    summary = "Every job of the embedded queue, oldest first",
-    responses(
-        (status = 200, description = "the jobs", body = Vec<crate::queue::JobView>),
-        (status = 404, description = "this repairer runs no job queue (scheduler is not embedded)", body = crate::openapi::Error),
-        crate::openapi::PersonRefused
-    ),
-    extensions(("x-fleetmend-role" = json!("read")))
-)]
-async fn list_jobs(
-    State(state): State<Arc<ApiState>>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    gate(&state, &headers, Role::Read, "list jobs")?;
-    Ok(axum::Json(queue(&state)?.jobs()).into_response())
-}
-
-#[utoipa::path(
-    post,
-    path = "/v1/jobs",
-    summary = "Submit a job",
-    request_body(content = crate::queue::JobSpec, content_type = "application/json"),
-    responses(
-        (status = 201, description = "queued", body = crate::queue::JobView),
-        (status = 400, description = "malformed or invalid: the message names every field", body = crate::openapi::Error),
-        (status = 404, description = "this repairer runs no job queue (scheduler is not embedded)", body = crate::openapi::Error),
-        crate::openapi::BodyRefused,
-        crate::openapi::PersonRefused
-    ),
-    extensions(("x-fleetmend-role" = json!("operator")))
-)]
-async fn submit_job(
-    State(state): State<Arc<ApiState>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let actor = gate(&state, &headers, Role::Operator, "submit jobs")?;
-    let queue = queue(&state)?;
-    let body = read_json_body(&headers, body, state.max_body_bytes)?;
-    let spec: crate::queue::JobSpec =
-        parse_json(&body).map_err(|err| bad_request(format!("malformed job: {err}")))?;
-    let job = queue.submit(spec, &actor)?;
-    Ok((StatusCode::CREATED, axum::Json(job)).into_response())
-}
-
-#[utoipa::path(
-    get,
-    path = "/v1/jobs/{id}",
-    summary = "One job",
-    params(("id" = String, Path, description = "the job's id")),
-    responses(
-        (status = 200, description = "the job", body = crate::queue::JobView),
-        (status = 400, description = "the path parameter does not read (not UTF-8 once decoded)", body = crate::openapi::Error),
-        (status = 404, description = "no such job, or this repairer runs no job queue (scheduler is not embedded)", body = crate::openapi::Error),
-        crate::openapi::PersonRefused
-    ),
-    extensions(("x-fleetmend-role" = json!("read")))
-)]
-async fn job_detail(
-    State(state): State<Arc<ApiState>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    gate(&state, &headers, Role::Read, "read a job")?;
-    let job = queue(&state)?
-        .job(&id)
-        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no job {id}")))?;
-    Ok(axum::Json(job).into_response())
-}
-
-#[utoipa::path(
-    post,
-    path = "/v1/jobs/{id}/cancel",
-    summary = "Cancel a job: SIGTERM then SIGKILL to its ranks",
-    params(("id" = String, Path, description = "the job's id")),
-    responses(
-        (status = 200, description = "the job", body = crate::queue::JobView),
-        (status = 400, description = "the path parameter does not read (not UTF-8 once decoded)", body = crate::openapi::Error),
-        (status = 404, description = "no such job, or this repairer runs no job queue (scheduler is not embedded)", body = crate::openapi::Error),
-        (status = 409, description = "it finished already", body = crate::openapi::Error),
-        crate::openapi::PersonRefused
-    ),
-    extensions(("x-fleetmend-role" = json!("operator")))
-)]
-async fn cancel_job(
-    State(state): State<Arc<ApiState>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    let actor = gate(&state, &headers, Role::Operator, "cancel jobs")?;
-    Ok(axum::Json(queue(&state)?.cancel(&id, &actor)?).into_response())
-}
-
-/// A rank's progress: authenticated by the rank's own token (from `FLEETMEND_PROGRESS_TOKEN`),
-/// which speaks for that rank of that attempt alone.
-#[utoipa::path(
-    post,
-    path = "/v1/jobs/{id}/progress",
-    summary = "A rank's progress; the reply carries the checkpoint interval (checkpoint_every auto)",
-    description = "Bearer token: the rank's own (FLEETMEND_PROGRESS_TOKEN), which speaks for that rank of that attempt only.",
-    params(("id" = String, Path, description = "the job's id")),
-    request_body(content = fleetmend_proto::Progress, content_type = "application/json"),
-    responses(
-        (status = 200, description = "taken", body = fleetmend_proto::ProgressReply),
-        (status = 400, description = "malformed, past a bound, or not this attempt's", body = crate::openapi::Error),
-        (status = 404, description = "no such job, or this repairer runs no job queue (scheduler is not embedded)", body = crate::openapi::Error),
-        crate::openapi::BodyRefused,
-        crate::openapi::RankRefused
-    ),
-    extensions(("x-fleetmend-role" = json!("rank")))
-)]
-async fn job_progress(
-    State(state): State<Arc<ApiState>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let queue = queue(&state)?;
-    let token = bearer(&headers);
-    let refused = |err: crate::queue::QueueError| {
-        let err = not_for_this(&state, &headers, None, err.into(), "post a rank's progress");
-        state.refused.count(&err);
-        err
-    };
-    queue.check_token(&id, token).map_err(refused)?;
-    let body = read_json_body(&headers, body, state.max_body_bytes)?;
-    let progress: fleetmend_proto::Progress =
-        parse_json(&body).map_err(|err| bad_request(format!("malformed progress: {err}")))?;
-    fleetmend_proto::bounds::check_progress(&progress)
-        .map_err(|err| bad_request(format!("progress: {err}")))?;
-    Ok(axum::Json(queue.progress(&id, token, &progress).map_err(refused)?).into_response())
-}
-
 #[utoipa::path(
     get,
     path = "/v1/openapi.json",
     summary = "This document",
     responses(
         (status = 200, description = "OpenAPI 3.1", body = Object),
-        (status = 500, description = "the document could not be made", body = crate::openapi::Error),
-        crate::openapi::OpenRefused
+        (status = 500, description = "the document could not be made", body = crate::api::openapi::Error),
+        crate::api::openapi::OpenRefused
     ),
     security(()),
     extensions(("x-fleetmend-role" = json!("none")))
 )]
 async fn openapi() -> Response {
-    match crate::openapi::served() {
+    match crate::api::openapi::served() {
         Ok(doc) => ([(header::CONTENT_TYPE, "application/json")], doc.as_str()).into_response(),
         Err(err) => ApiError(StatusCode::INTERNAL_SERVER_ERROR, err.clone()).into_response(),
     }
@@ -1001,7 +708,7 @@ async fn openapi() -> Response {
     summary = "Liveness",
     responses(
         (status = 200, description = "up", body = String, content_type = "text/plain; charset=utf-8"),
-        crate::openapi::OpenRefused
+        crate::api::openapi::OpenRefused
     ),
     security(()),
     extensions(("x-fleetmend-role" = json!("none")))
@@ -1016,7 +723,7 @@ async fn healthz() -> &'static str {
     summary = "Prometheus metrics",
     responses(
         (status = 200, description = "text format 0.0.4", body = String, content_type = "text/plain; version=0.0.4; charset=utf-8"),
-        crate::openapi::OpenRefused
+        crate::api::openapi::OpenRefused
     ),
     security(()),
     extensions(("x-fleetmend-role" = json!("none")))
