@@ -12,6 +12,7 @@ use crate::NodeCommand;
 
 /// Identifies one rank of one run of a job: a job restarts as a new `attempt`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RankKey {
     pub job: String,
     /// 0 on the first run, +1 on every restart (equals `FLEETMEND_RESTART_COUNT`).
@@ -122,6 +123,7 @@ impl NodeCommand {
 
 /// Where a rank the agent was asked to run stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum RankState {
     Running,
@@ -134,6 +136,7 @@ pub enum RankState {
 /// One rank as the agent on its node reports it: every running rank, and every rank that ended
 /// within the agent's retention window, in every report.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RankStatus {
     #[serde(flatten)]
     pub key: RankKey,
@@ -166,6 +169,7 @@ pub const PROGRESS_TOKEN_VAR: &str = "FLEETMEND_PROGRESS_TOKEN";
 
 /// What a rank posts to `FLEETMEND_PROGRESS_URL` (and prints as a JSON line).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Progress {
     pub job: String,
     pub attempt: u32,
@@ -178,6 +182,7 @@ pub struct Progress {
     /// The step's loss. JSON has no NaN or infinity: a loss that is not finite goes as `null`
     /// (or the strings `"NaN"`, `"Infinity"`, `"-Infinity"`) and reads back as NaN or infinity.
     #[serde(with = "loss_json")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<f64>, required = true))]
     pub loss: f64,
     pub samples_per_second: f64,
     /// The newest complete checkpoint's step.
@@ -234,6 +239,7 @@ mod loss_json {
 
 /// The queue's answer to a [`Progress`] post.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ProgressReply {
     /// The checkpoint interval in steps the queue wants (`--checkpoint-every auto`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

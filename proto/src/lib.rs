@@ -11,6 +11,8 @@ use serde::{Deserialize, Serialize};
 
 pub mod bounds;
 pub mod jobs;
+#[cfg(feature = "openapi")]
+pub mod openapi;
 pub mod probes;
 
 pub use jobs::{
@@ -22,6 +24,7 @@ pub const WIRE_VERSION: u32 = 1;
 
 /// How a subject of a check is doing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
     /// Looked and found nothing wrong.
@@ -79,6 +82,7 @@ impl fmt::Display for Status {
 /// What the agent recommends doing about a finding, from the built-in catalog (Xid catalog, DCGM
 /// rules). The repairer's policy decides; this is advice it may follow or override.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum RecommendedAction {
     /// Nothing to do on the node.
@@ -148,6 +152,7 @@ impl std::str::FromStr for RecommendedAction {
 
 /// One observation of one subject by one check.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Finding {
     /// The check that made it: `gpu`, `kernel_log`, `nic`, `pcie`, `disk`, `host`.
     pub check: String,
@@ -210,6 +215,7 @@ impl Finding {
 
 /// The agent's overall view of its node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Verdict {
     /// Every finding is ok (some checks may be unknown: absent devices are not faults).
@@ -251,6 +257,7 @@ impl fmt::Display for Verdict {
 
 /// How one check's latest run went.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CheckRun {
     pub check: String,
     /// Worst status over the check's findings.
@@ -266,6 +273,7 @@ pub struct CheckRun {
 
 /// `POST /v1/reports`: what an agent knows about its node now.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Report {
     pub wire_version: u32,
     pub node: String,
@@ -321,6 +329,7 @@ pub mod command_kind {
 /// What a node looked like before a disruptive repair: kept by the repairer with the workflow,
 /// so the reboot or replacement does not erase what a person (or a vendor's RMA) needs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EvidenceBundle {
     pub node: String,
     pub boot_id: String,
@@ -332,6 +341,7 @@ pub struct EvidenceBundle {
 
 /// One piece of evidence: a log, the agent's own state, or a command's output.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EvidenceItem {
     /// `kernel-log`, `findings`, `checks`, or a configured command's name (`nvidia-smi`).
     pub name: String,
@@ -369,6 +379,7 @@ impl EvidenceItem {
 
 /// How a command the repairer sent went.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CommandResult {
     /// The command's `id`.
     pub id: String,
@@ -413,6 +424,7 @@ impl CommandResult {
 
 /// Why a report was sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum ReportTrigger {
     /// The regular heartbeat.
@@ -430,6 +442,7 @@ pub enum ReportTrigger {
 /// The repairer's answer to a report. Open for growth: commands for the node travel here, and an
 /// agent that does not know a command's kind logs it and goes on.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ReportReply {
     /// Commands for the node, in order.
     #[serde(default)]
@@ -438,6 +451,7 @@ pub struct ReportReply {
 
 /// One command for a node, as sent by the repairer: a `kind` and its arguments.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NodeCommand {
     /// Identifies the command so the node does not run it twice.
     #[serde(default)]

@@ -27,6 +27,7 @@ pub struct AllreduceProbe {
 
 /// What one rank of an `allreduce` probe measured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AllreduceMeasurement {
     /// Bytes of `f32` per rank per operation.
     pub bytes: u64,

@@ -11,7 +11,7 @@ use crate::ports::EventLog;
 use crate::store::StoreError;
 
 /// The breaker as stored and shown.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct BreakerState {
     pub open: bool,
     pub opened_ms: Option<u64>,

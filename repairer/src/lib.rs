@@ -21,7 +21,6 @@ pub mod limits;
 pub mod metrics;
 pub mod model;
 pub mod nodes;
-pub mod openapi;
 pub mod policy;
 pub mod ports;
 pub mod provider;

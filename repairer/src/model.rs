@@ -6,7 +6,19 @@ use fleetmend_proto::Finding;
 use serde::{Deserialize, Serialize};
 
 /// A node's place in the repair cycle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum NodeState {
     /// Reporting, and no failing finding that a rule acts on.
@@ -93,7 +105,19 @@ impl std::str::FromStr for NodeState {
 }
 
 /// What a rule asks for when it matches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum RuleAction {
     /// Record only.
@@ -209,7 +233,7 @@ impl FindingKey {
 }
 
 /// Who made a change: a rule, a person (through the API), or the repairer's own machinery.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Actor(pub String);
 
 impl Actor {
@@ -234,7 +258,19 @@ impl fmt::Display for Actor {
 
 /// What happened, for the audit trail and the alert sinks. Bounded set, used as a metric label
 /// and to filter sinks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum EventKind {
     /// A node appeared (first report, or added by a replacement).
@@ -334,7 +370,19 @@ impl EventKind {
 }
 
 /// How much an event matters to whoever is paged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Severity {
     Info,
@@ -343,7 +391,7 @@ pub enum Severity {
 }
 
 /// One line of the audit trail: what, why, when, by whom. Written before it is acted on.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Event {
     /// Increasing id assigned by the store (0 before it is stored).
     pub id: i64,

@@ -294,8 +294,16 @@ async fn axum_refusals_are_json_errors_with_their_status() {
         (
             "a report sent as text",
             post("/v1/reports").header("content-type", "text/plain").body("wire_version=1"),
-            400,
-            "malformed report",
+            415,
+            "Content-Type: application/json",
+        ),
+        (
+            "a repair sent as a form",
+            post("/v1/nodes/n1/repair")
+                .header("content-type", "application/x-www-form-urlencoded")
+                .body("action=reboot"),
+            415,
+            "not \"application/x-www-form-urlencoded\"",
         ),
         (
             "a repair with a body of the wrong shape",

@@ -61,14 +61,7 @@ fn promtool_check(text: &str) -> (Option<i32>, String) {
 }
 
 fn live_metrics() -> (String, fleetmend_tests::Running, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let case = fixture("healthy");
-    let mut flags = fixture_flags(&case);
-    flags.push(format!("--config={}", case.join("agent.toml").display()));
-    flags.push("--node=fixture-node".to_owned());
-    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let agent = start_agent(dir.path(), listen, &args);
+    let (listen, agent, dir) = healthy_agent();
     let mut body = String::new();
     let ok = poll_until(Duration::from_secs(10), || match http_get(listen, "/metrics") {
         Some((200, text)) if text.contains("fleetmend_check_status") => {
@@ -79,6 +72,19 @@ fn live_metrics() -> (String, fleetmend_tests::Running, tempfile::TempDir) {
     });
     assert!(ok, "no /metrics:\n{}", agent.stderr());
     (body, agent, dir)
+}
+
+/// An agent on the healthy fixture, answering: its address, the process, its directory.
+fn healthy_agent() -> (SocketAddr, fleetmend_tests::Running, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let case = fixture("healthy");
+    let mut flags = fixture_flags(&case);
+    flags.push(format!("--config={}", case.join("agent.toml").display()));
+    flags.push("--node=fixture-node".to_owned());
+    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let agent = start_agent(dir.path(), listen, &args);
+    (listen, agent, dir)
 }
 
 #[test]
@@ -140,4 +146,36 @@ fn promtool_accepts_the_golden_file_and_the_live_output() {
     ] {
         assert!(body.contains(required), "/metrics lacks {required}");
     }
+}
+
+/// The whole response to a raw HTTP/1.1 request, head and body.
+fn raw_request(addr: SocketAddr, request: &str) -> String {
+    use std::io::Read;
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
+}
+
+#[test]
+fn the_listener_answers_an_unknown_path_and_a_wrong_method_with_the_json_error() {
+    let (listen, _agent, _dir) = healthy_agent();
+    let missing = raw_request(listen, "GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let (head, body) = missing.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 404"), "{missing}");
+    assert!(head.to_ascii_lowercase().contains("content-type: application/json"), "{missing}");
+    let error: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(error["error"], "no route for GET /nope", "{missing}");
+
+    let wrong = raw_request(
+        listen,
+        "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    );
+    let (head, body) = wrong.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 405"), "{wrong}");
+    assert!(head.to_ascii_lowercase().contains("allow: get,head"), "{wrong}");
+    let error: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(error["error"], "/metrics does not take POST", "{wrong}");
 }

@@ -16,22 +16,30 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use fleetmend_proto::{Report, WIRE_VERSION};
 use serde::{Deserialize, Serialize};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::access::Role;
 use crate::alerts::Alerts;
 use crate::config::Tokens;
 use crate::engine::{Engine, EngineError, NodeRecord};
-use crate::inbound::{self, InboundConfig, SnsMessage};
+use crate::inbound::InboundConfig;
 use crate::limits::Caller;
-use crate::model::{Actor, Event, EventKind, FindingSource, RuleAction, Severity};
+use crate::model::{Event, RuleAction};
 use crate::workflow::{KeptEvidence, Workflow};
-use auth::{alert_source, bearer, gate, not_for_this, report_sender};
+use auth::{gate, report_sender};
+use body::{parse_json, read_json_body};
 use rejections::{Path, Query};
 
+mod alerts;
 mod auth;
+mod body;
+use alerts::*;
+mod jobs;
+use jobs::*;
+pub mod openapi;
 mod rejections;
 mod throttle;
 
@@ -101,7 +109,7 @@ impl RefusedCounters {
 }
 
 /// An SNS subscription the operator must confirm (the repairer never fetches URLs itself).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Subscription {
     pub topic_arn: String,
     pub subscribe_url: String,
@@ -136,49 +144,37 @@ fn bad_request(message: impl Into<String>) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, message.into())
 }
 
-/// The request body, or a JSON error naming why it could not be read: axum's own rejection (a body
-/// over the limit answers 413) is plain text, which no client of this API expects. Called after the
-/// token check, so an unauthenticated request is refused for the token whatever its body.
-fn read_body(
-    body: Result<Bytes, BytesRejection>,
-    max_body_bytes: usize,
-) -> Result<Bytes, ApiError> {
-    body.map_err(|rejection| {
-        let status = rejection.status();
-        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
-            format!("the request body is larger than max_body_bytes ({max_body_bytes} bytes)")
-        } else {
-            format!("reading the request body: {}", rejection.body_text())
-        };
-        ApiError(status, message)
-    })
+/// Every route with its operation: the router and the OpenAPI document are made of these.
+pub(crate) fn routes() -> OpenApiRouter<Arc<ApiState>> {
+    OpenApiRouter::new()
+        .routes(routes!(report))
+        .routes(routes!(alertmanager))
+        .routes(routes!(cloudwatch))
+        .routes(routes!(list_nodes))
+        .routes(routes!(node_detail))
+        .routes(routes!(node_evidence))
+        .routes(routes!(drain))
+        .routes(routes!(undrain))
+        .routes(routes!(repair))
+        .routes(routes!(approve))
+        .routes(routes!(events))
+        .routes(routes!(breaker))
+        .routes(routes!(close_breaker))
+        .routes(routes!(subscriptions))
+        .routes(routes!(prometheus_sd))
+        .routes(routes!(list_jobs, submit_job))
+        .routes(routes!(job_detail))
+        .routes(routes!(cancel_job))
+        .routes(routes!(job_progress))
+        .routes(routes!(openapi))
+        .routes(routes!(metrics))
+        .routes(routes!(healthz))
 }
 
 pub fn router(state: Arc<ApiState>) -> Router {
     let limit = state.max_body_bytes;
-    Router::new()
-        .route("/v1/reports", post(report))
-        .route("/v1/alerts/alertmanager", post(alertmanager))
-        .route("/v1/alerts/cloudwatch", post(cloudwatch))
-        .route("/v1/nodes", get(list_nodes))
-        .route("/v1/nodes/{name}", get(node_detail))
-        .route("/v1/nodes/{name}/evidence", get(node_evidence))
-        .route("/v1/nodes/{name}/drain", post(drain))
-        .route("/v1/nodes/{name}/undrain", post(undrain))
-        .route("/v1/nodes/{name}/repair", post(repair))
-        .route("/v1/nodes/{name}/approve", post(approve))
-        .route("/v1/events", get(events))
-        .route("/v1/breaker", get(breaker))
-        .route("/v1/breaker/close", post(close_breaker))
-        .route("/v1/subscriptions", get(subscriptions))
-        .route("/v1/sd/prometheus", get(prometheus_sd))
-        .route("/v1/jobs", get(list_jobs).post(submit_job))
-        .route("/v1/jobs/{id}", get(job_detail))
-        .route("/v1/jobs/{id}/cancel", post(cancel_job))
-        .route("/v1/jobs/{id}/progress", post(job_progress))
-        .route("/v1/openapi.json", get(openapi))
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok\n" }))
+    let (routes, _) = routes().split_for_parts();
+    routes
         // After every route: it applies to the routes there are.
         .method_not_allowed_fallback(rejections::method_not_allowed)
         .fallback(rejections::no_route)
@@ -187,6 +183,19 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .with_state(state)
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/reports",
+    summary = "An agent's report; the reply carries commands for the node",
+    request_body(content = fleetmend_proto::Report, content_type = "application/json"),
+    responses(
+        (status = 200, description = "taken", body = fleetmend_proto::ReportReply),
+        (status = 400, description = "malformed, or past a bound (the message names the field)", body = crate::api::openapi::Error),
+        crate::api::openapi::BodyRefused,
+        crate::api::openapi::AgentRefused
+    ),
+    extensions(("x-fleetmend-role" = json!("agent")))
+)]
 async fn report(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
@@ -196,10 +205,10 @@ async fn report(
         state.reports.unauthorized.fetch_add(1, Ordering::Relaxed);
     })?;
     // An oversized body counts as malformed: it is not a report this repairer accepts.
-    let body = read_body(body, state.max_body_bytes).inspect_err(|_| {
+    let body = read_json_body(&headers, body, state.max_body_bytes).inspect_err(|_| {
         state.reports.malformed.fetch_add(1, Ordering::Relaxed);
     })?;
-    let report: Report = serde_json::from_slice(&body).map_err(|err| {
+    let report: Report = parse_json(&body).map_err(|err| {
         state.reports.malformed.fetch_add(1, Ordering::Relaxed);
         bad_request(format!("malformed report: {err}"))
     })?;
@@ -269,112 +278,16 @@ pub(crate) fn check_report(report: &Report) -> Result<(), String> {
     Ok(())
 }
 
-#[derive(Debug, Deserialize)]
-struct TokenQuery {
-    token: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-struct InboundAnswer {
-    accepted: usize,
-    skipped: usize,
-    unknown_nodes: Vec<String>,
-}
-
-async fn alertmanager(
-    State(state): State<Arc<ApiState>>,
-    headers: HeaderMap,
-    Query(query): Query<TokenQuery>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    alert_source(&state, &headers, query.token.as_deref())?;
-    let body = read_body(body, state.max_body_bytes)?;
-    let parsed = inbound::parse_alertmanager(&body, &state.inbound)
-        .map_err(|err| bad_request(err.to_string()))?;
-    let mut answer =
-        InboundAnswer { accepted: 0, skipped: parsed.skipped, unknown_nodes: Vec::new() };
-    for alert in parsed.alerts {
-        match state.engine.ingest_external(
-            &alert.node,
-            FindingSource::Alertmanager,
-            &alert.finding,
-            alert.firing,
-        ) {
-            Ok(()) => answer.accepted += 1,
-            Err(EngineError::UnknownNode(node) | EngineError::NotInInventory(node)) => {
-                answer.unknown_nodes.push(node)
-            }
-            Err(err) => return Err(err.into()),
-        }
-    }
-    Ok(axum::Json(answer).into_response())
-}
-
-async fn cloudwatch(
-    State(state): State<Arc<ApiState>>,
-    headers: HeaderMap,
-    Query(query): Query<TokenQuery>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    alert_source(&state, &headers, query.token.as_deref())?;
-    let body = read_body(body, state.max_body_bytes)?;
-    let message =
-        inbound::parse_sns(&body, &state.inbound).map_err(|err| bad_request(err.to_string()))?;
-    let now = state.engine.clock().now_ms();
-    match message {
-        SnsMessage::Alarm(Some(alert)) => {
-            match state.engine.ingest_external(
-                &alert.node,
-                FindingSource::Cloudwatch,
-                &alert.finding,
-                alert.firing,
-            ) {
-                Ok(()) => Ok(axum::Json(InboundAnswer {
-                    accepted: 1,
-                    skipped: 0,
-                    unknown_nodes: Vec::new(),
-                })
-                .into_response()),
-                Err(EngineError::UnknownNode(node) | EngineError::NotInInventory(node)) => {
-                    Ok(axum::Json(InboundAnswer {
-                        accepted: 0,
-                        skipped: 0,
-                        unknown_nodes: vec![node],
-                    })
-                    .into_response())
-                }
-                Err(err) => Err(err.into()),
-            }
-        }
-        SnsMessage::Alarm(None) => {
-            Ok(axum::Json(InboundAnswer { accepted: 0, skipped: 1, unknown_nodes: Vec::new() })
-                .into_response())
-        }
-        SnsMessage::SubscriptionConfirmation { topic_arn, subscribe_url, .. } => {
-            let event = Event::new(
-                EventKind::Subscription,
-                Severity::Warning,
-                None,
-                Actor("cloudwatch".to_owned()),
-                format!(
-                    "SNS topic {topic_arn} asks to confirm the subscription: open {subscribe_url}"
-                ),
-                now,
-            );
-            state
-                .engine
-                .events()
-                .record(&event)
-                .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-            if let Ok(mut list) = state.subscriptions.lock() {
-                list.push(Subscription { topic_arn, subscribe_url, received_ms: now });
-            }
-            Ok(StatusCode::OK.into_response())
-        }
-        SnsMessage::UnsubscribeConfirmation { .. } => Ok(StatusCode::OK.into_response()),
-    }
-}
-
+#[utoipa::path(
+    get,
+    path = "/v1/nodes",
+    summary = "Every node",
+    responses(
+        (status = 200, description = "the nodes", body = Vec<crate::engine::NodeSummary>),
+        crate::api::openapi::PersonRefused
+    ),
+    extensions(("x-fleetmend-role" = json!("read")))
+)]
 async fn list_nodes(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
@@ -384,7 +297,7 @@ async fn list_nodes(
 }
 
 /// One target group of Prometheus HTTP service discovery (`http_sd_configs`).
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TargetGroup {
     pub targets: Vec<String>,
     pub labels: BTreeMap<String, String>,
@@ -396,6 +309,16 @@ pub struct TargetGroup {
 ///
 /// The repairer's own target is the `Host` the request was sent to: the address Prometheus
 /// reaches it at, which the repairer's listen address (often 0.0.0.0) does not tell.
+#[utoipa::path(
+    get,
+    path = "/v1/sd/prometheus",
+    summary = "Prometheus HTTP service discovery (http_sd_configs): one target group per node whose agent told its metrics port (labels node, state, component=agent; retired nodes left out), and the repairer itself at the Host the request named (component=repairer)",
+    responses(
+        (status = 200, description = "the target groups", body = Vec<TargetGroup>),
+        crate::api::openapi::PersonRefused
+    ),
+    extensions(("x-fleetmend-role" = json!("read")))
+)]
 async fn prometheus_sd(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
@@ -429,13 +352,30 @@ async fn prometheus_sd(
 }
 
 /// A node with its findings, history and recent workflows and events.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct NodeDetail {
+    /// The node's record: state, findings tracked, repair history.
+    #[schema(value_type = Object)]
     pub node: NodeRecord,
+    /// Its newest workflows.
+    #[schema(value_type = Vec<Object>)]
     pub workflows: Vec<Workflow>,
     pub events: Vec<Event>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/nodes/{name}",
+    summary = "One node with its findings, history, workflows and recent events",
+    params(("name" = String, Path, description = "the node's name")),
+    responses(
+        (status = 200, description = "the node", body = NodeDetail),
+        (status = 400, description = "the path parameter does not read (not UTF-8 once decoded)", body = crate::api::openapi::Error),
+        (status = 404, description = "no node of that name", body = crate::api::openapi::Error),
+        crate::api::openapi::PersonRefused
+    ),
+    extensions(("x-fleetmend-role" = json!("read")))
+)]
 async fn node_detail(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
@@ -456,14 +396,30 @@ async fn node_detail(
     Ok(axum::Json(NodeDetail { node, workflows, events }).into_response())
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct EvidenceQuery {
+    /// Bundles to return, newest first (default 10).
+    #[param(minimum = 1, maximum = 100)]
     limit: Option<usize>,
 }
 
 /// Bundles returned at most (each up to the agent's bundle cap).
-const EVIDENCE_LIMIT: usize = 100;
+pub(crate) const EVIDENCE_LIMIT: usize = 100;
 
+#[utoipa::path(
+    get,
+    path = "/v1/nodes/{name}/evidence",
+    summary = "The evidence bundles gathered on the node before its disruptive repairs, newest first",
+    params(("name" = String, Path, description = "the node's name"), EvidenceQuery),
+    responses(
+        (status = 200, description = "the bundles", body = Vec<crate::workflow::KeptEvidence>),
+        (status = 400, description = "a path parameter or ?limit= that does not read, or a limit out of range", body = crate::api::openapi::Error),
+        (status = 404, description = "no node of that name", body = crate::api::openapi::Error),
+        crate::api::openapi::PersonRefused
+    ),
+    extensions(("x-fleetmend-role" = json!("read")))
+)]
 async fn node_evidence(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
@@ -487,26 +443,62 @@ async fn node_evidence(
     Ok(axum::Json(kept).into_response())
 }
 
-#[derive(Debug, Deserialize)]
+/// The body of repair and approve.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 struct ActionBody {
     action: Option<RuleAction>,
 }
 
+/// The body of repair: the action to take.
+#[derive(Debug, utoipa::ToSchema)]
+#[allow(dead_code)] // a schema: repair reads an [`ActionBody`] and requires its action
+struct RepairBody {
+    action: RuleAction,
+}
+
+/// The workflow a request started.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+struct WorkflowStarted {
+    workflow: i64,
+}
+
+/// What an undrain did.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+struct UndrainOutcome {
+    outcome: String,
+}
+
 /// The `{"action": ...}` body of repair and approve; an empty body names no action.
 fn read_action(
+    headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
     limit: usize,
 ) -> Result<Option<RuleAction>, ApiError> {
-    let body = read_body(body, limit)?;
+    let body = read_json_body(headers, body, limit)?;
     if body.is_empty() {
         return Ok(None);
     }
-    let body: ActionBody = serde_json::from_slice(&body).map_err(|e| {
+    // `null` names no action, as an empty body does.
+    let body: Option<ActionBody> = parse_json(&body).map_err(|e| {
         bad_request(format!("expected {{\"action\": \"drain\"|\"reboot\"|\"replace\"}}: {e}"))
     })?;
-    Ok(body.action)
+    Ok(body.and_then(|b| b.action))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/nodes/{name}/drain",
+    summary = "Drain the node (a person): it stays drained until a person undrains it",
+    params(("name" = String, Path, description = "the node's name")),
+    responses(
+        (status = 200, description = "the drain workflow", body = WorkflowStarted),
+        (status = 400, description = "the path parameter does not read (not UTF-8 once decoded)", body = crate::api::openapi::Error),
+        (status = 404, description = "no node of that name", body = crate::api::openapi::Error),
+        (status = 409, description = "refused: a guard rail, or the node's state does not allow it", body = crate::api::openapi::Error),
+        crate::api::openapi::PersonRefused
+    ),
+    extensions(("x-fleetmend-role" = json!("operator")))
+)]
 async fn drain(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
@@ -514,9 +506,23 @@ async fn drain(
 ) -> Result<Response, ApiError> {
     let actor = gate(&state, &headers, Role::Operator, "drain")?;
     let id = state.engine.drain(&name, &actor)?;
-    Ok(axum::Json(serde_json::json!({ "workflow": id })).into_response())
+    Ok(axum::Json(WorkflowStarted { workflow: id }).into_response())
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/nodes/{name}/undrain",
+    summary = "Return a node a person drained to service",
+    params(("name" = String, Path, description = "the node's name")),
+    responses(
+        (status = 200, description = "what came of it", body = UndrainOutcome),
+        (status = 400, description = "the path parameter does not read (not UTF-8 once decoded)", body = crate::api::openapi::Error),
+        (status = 404, description = "no node of that name", body = crate::api::openapi::Error),
+        (status = 409, description = "refused: the node is not drained by a person, or its state does not allow it", body = crate::api::openapi::Error),
+        crate::api::openapi::PersonRefused
+    ),
+    extensions(("x-fleetmend-role" = json!("operator")))
+)]
 async fn undrain(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
@@ -524,9 +530,25 @@ async fn undrain(
 ) -> Result<Response, ApiError> {
     let actor = gate(&state, &headers, Role::Operator, "undrain")?;
     let outcome = state.engine.undrain(&name, &actor).await?;
-    Ok(axum::Json(serde_json::json!({ "outcome": format!("{outcome:?}") })).into_response())
+    Ok(axum::Json(UndrainOutcome { outcome: format!("{outcome:?}") }).into_response())
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/nodes/{name}/repair",
+    summary = "Start a repair of the node (a person)",
+    params(("name" = String, Path, description = "the node's name")),
+    request_body(content = RepairBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "the repair workflow", body = WorkflowStarted),
+        (status = 400, description = "the path parameter or body does not read, or names no action", body = crate::api::openapi::Error),
+        (status = 404, description = "no node of that name", body = crate::api::openapi::Error),
+        (status = 409, description = "refused: a guard rail, or the node's state does not allow it", body = crate::api::openapi::Error),
+        crate::api::openapi::BodyRefused,
+        crate::api::openapi::PersonRefused
+    ),
+    extensions(("x-fleetmend-role" = json!("operator")))
+)]
 async fn repair(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
@@ -534,12 +556,28 @@ async fn repair(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let actor = gate(&state, &headers, Role::Operator, "repair")?;
-    let action = read_action(body, state.max_body_bytes)?
+    let action = read_action(&headers, body, state.max_body_bytes)?
         .ok_or_else(|| bad_request("action is required"))?;
     let id = state.engine.request_repair(&name, action, &actor)?;
-    Ok(axum::Json(serde_json::json!({ "workflow": id })).into_response())
+    Ok(axum::Json(WorkflowStarted { workflow: id }).into_response())
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/nodes/{name}/approve",
+    summary = "Approve a repair the policy holds for a person (default: replace)",
+    params(("name" = String, Path, description = "the node's name")),
+    request_body(content = Option<ActionBody>, content_type = "application/json", description = "empty: replace"),
+    responses(
+        (status = 204, description = "approved"),
+        (status = 400, description = "the path parameter or body does not read", body = crate::api::openapi::Error),
+        (status = 404, description = "no node of that name", body = crate::api::openapi::Error),
+        (status = 409, description = "refused: nothing waits for this approval", body = crate::api::openapi::Error),
+        crate::api::openapi::BodyRefused,
+        crate::api::openapi::PersonRefused
+    ),
+    extensions(("x-fleetmend-role" = json!("operator")))
+)]
 async fn approve(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
@@ -547,18 +585,34 @@ async fn approve(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let actor = gate(&state, &headers, Role::Operator, "approve")?;
-    let action = read_action(body, state.max_body_bytes)?.unwrap_or(RuleAction::Replace);
+    let action = read_action(&headers, body, state.max_body_bytes)?.unwrap_or(RuleAction::Replace);
     state.engine.approve(&name, action, &actor)?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct EventsQuery {
+    /// Events with a greater id only.
     after: Option<i64>,
+    /// Of this node only.
     node: Option<String>,
+    /// At most this many (default 500; more than 10000 is 10000).
     limit: Option<usize>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/events",
+    summary = "The audit trail, oldest first",
+    params(EventsQuery),
+    responses(
+        (status = 200, description = "the events", body = Vec<crate::model::Event>),
+        (status = 400, description = "a query parameter that does not read", body = crate::api::openapi::Error),
+        crate::api::openapi::PersonRefused
+    ),
+    extensions(("x-fleetmend-role" = json!("read")))
+)]
 async fn events(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
@@ -574,6 +628,16 @@ async fn events(
     Ok(axum::Json(events).into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/breaker",
+    summary = "The breaker",
+    responses(
+        (status = 200, description = "its state", body = crate::breaker::BreakerState),
+        crate::api::openapi::PersonRefused
+    ),
+    extensions(("x-fleetmend-role" = json!("read")))
+)]
 async fn breaker(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
@@ -582,6 +646,16 @@ async fn breaker(
     Ok(axum::Json(state.engine.breaker()).into_response())
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/breaker/close",
+    summary = "Close the breaker (a person)",
+    responses(
+        (status = 200, description = "its state", body = crate::breaker::BreakerState),
+        crate::api::openapi::PersonRefused
+    ),
+    extensions(("x-fleetmend-role" = json!("operator")))
+)]
 async fn close_breaker(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
@@ -590,6 +664,16 @@ async fn close_breaker(
     Ok(axum::Json(state.engine.close_breaker(&actor)?).into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/subscriptions",
+    summary = "SNS subscription confirmations waiting for an operator",
+    responses(
+        (status = 200, description = "the confirmations", body = Vec<Subscription>),
+        crate::api::openapi::PersonRefused
+    ),
+    extensions(("x-fleetmend-role" = json!("admin")))
+)]
 async fn subscriptions(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
@@ -599,103 +683,51 @@ async fn subscriptions(
     Ok(axum::Json(list).into_response())
 }
 
-// --- the embedded job queue ----------------------------------------------------------------------
-
-impl From<crate::queue::QueueError> for ApiError {
-    fn from(err: crate::queue::QueueError) -> ApiError {
-        use crate::queue::QueueError;
-        let status = match &err {
-            QueueError::UnknownJob(_) => StatusCode::NOT_FOUND,
-            QueueError::InvalidSpec(_) | QueueError::BadProgress { .. } => StatusCode::BAD_REQUEST,
-            QueueError::Conflict { .. } => StatusCode::CONFLICT,
-            QueueError::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
-            QueueError::OtherRank { .. } => StatusCode::FORBIDDEN,
-            QueueError::Store { .. } | QueueError::Load(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        ApiError(status, err.to_string())
+#[utoipa::path(
+    get,
+    path = "/v1/openapi.json",
+    summary = "This document",
+    responses(
+        (status = 200, description = "OpenAPI 3.1", body = Object),
+        (status = 500, description = "the document could not be made", body = crate::api::openapi::Error),
+        crate::api::openapi::OpenRefused
+    ),
+    security(()),
+    extensions(("x-fleetmend-role" = json!("none")))
+)]
+async fn openapi() -> Response {
+    match crate::api::openapi::served() {
+        Ok(doc) => ([(header::CONTENT_TYPE, "application/json")], doc.as_str()).into_response(),
+        Err(err) => ApiError(StatusCode::INTERNAL_SERVER_ERROR, err.clone()).into_response(),
     }
 }
 
-fn queue(state: &ApiState) -> Result<&Arc<crate::queue::JobQueue>, ApiError> {
-    state.queue.as_ref().ok_or_else(|| {
-        ApiError(
-            StatusCode::NOT_FOUND,
-            "this repairer runs no job queue (set scheduler = \"embedded\")".to_owned(),
-        )
-    })
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    summary = "Liveness",
+    responses(
+        (status = 200, description = "up", body = String, content_type = "text/plain; charset=utf-8"),
+        crate::api::openapi::OpenRefused
+    ),
+    security(()),
+    extensions(("x-fleetmend-role" = json!("none")))
+)]
+async fn healthz() -> &'static str {
+    "ok\n"
 }
 
-async fn list_jobs(
-    State(state): State<Arc<ApiState>>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    gate(&state, &headers, Role::Read, "list jobs")?;
-    Ok(axum::Json(queue(&state)?.jobs()).into_response())
-}
-
-async fn submit_job(
-    State(state): State<Arc<ApiState>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let actor = gate(&state, &headers, Role::Operator, "submit jobs")?;
-    let queue = queue(&state)?;
-    let body = read_body(body, state.max_body_bytes)?;
-    let spec: crate::queue::JobSpec = serde_json::from_slice(&body)
-        .map_err(|err| bad_request(format!("malformed job: {err}")))?;
-    let job = queue.submit(spec, &actor)?;
-    Ok((StatusCode::CREATED, axum::Json(job)).into_response())
-}
-
-async fn job_detail(
-    State(state): State<Arc<ApiState>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    gate(&state, &headers, Role::Read, "read a job")?;
-    let job = queue(&state)?
-        .job(&id)
-        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no job {id}")))?;
-    Ok(axum::Json(job).into_response())
-}
-
-async fn cancel_job(
-    State(state): State<Arc<ApiState>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    let actor = gate(&state, &headers, Role::Operator, "cancel jobs")?;
-    Ok(axum::Json(queue(&state)?.cancel(&id, &actor)?).into_response())
-}
-
-/// A rank's progress: authenticated by the rank's own token (from `FLEETMEND_PROGRESS_TOKEN`),
-/// which speaks for that rank of that attempt alone.
-async fn job_progress(
-    State(state): State<Arc<ApiState>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let queue = queue(&state)?;
-    let token = bearer(&headers);
-    let refused = |err: crate::queue::QueueError| {
-        let err = not_for_this(&state, &headers, None, err.into(), "post a rank's progress");
-        state.refused.count(&err);
-        err
-    };
-    queue.check_token(&id, token).map_err(refused)?;
-    let body = read_body(body, state.max_body_bytes)?;
-    let progress: fleetmend_proto::Progress = serde_json::from_slice(&body)
-        .map_err(|err| bad_request(format!("malformed progress: {err}")))?;
-    fleetmend_proto::bounds::check_progress(&progress)
-        .map_err(|err| bad_request(format!("progress: {err}")))?;
-    Ok(axum::Json(queue.progress(&id, token, &progress).map_err(refused)?).into_response())
-}
-
-async fn openapi() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], crate::openapi::SPEC).into_response()
-}
-
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    summary = "Prometheus metrics",
+    responses(
+        (status = 200, description = "text format 0.0.4", body = String, content_type = "text/plain; version=0.0.4; charset=utf-8"),
+        crate::api::openapi::OpenRefused
+    ),
+    security(()),
+    extensions(("x-fleetmend-role" = json!("none")))
+)]
 async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
     let mut outcomes = BTreeMap::new();
     outcomes.insert("ok", state.reports.ok.load(Ordering::Relaxed));

@@ -91,7 +91,7 @@ impl From<crate::nodes::NodeError> for EngineError {
 }
 
 /// A node as the API shows it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct NodeSummary {
     pub name: String,
     pub state: NodeState,

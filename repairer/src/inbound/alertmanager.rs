@@ -50,7 +50,12 @@ pub fn parse_alertmanager(
     let truncated_alerts = match root.get("truncatedAlerts") {
         None | Some(Value::Null) => 0,
         Some(value) => {
-            value.as_u64().ok_or_else(|| expected("truncatedAlerts", "a whole number", value))?
+            // `3.0` is a whole number too (JSON Schema's integer).
+            let whole = value.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < 2e53);
+            value
+                .as_u64()
+                .or(whole.map(|f| f as u64))
+                .ok_or_else(|| expected("truncatedAlerts", "a whole number", value))?
         }
     };
     let alerts = required(root, "", "alerts")?;

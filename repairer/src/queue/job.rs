@@ -13,7 +13,19 @@ use serde::{Deserialize, Serialize};
 use super::health::JobHealth;
 
 /// Where a job stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum JobState {
     /// Waiting for nodes (new, or requeued after a failure).
@@ -127,8 +139,24 @@ impl<'de> Deserialize<'de> for CheckpointEvery {
     }
 }
 
+/// The OpenAPI schema of [`CheckpointEvery`]: a number of steps (at least 1) or `"auto"`.
+fn checkpoint_every_schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+    use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, Type};
+    let one_of = OneOfBuilder::new()
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::Integer)
+                .minimum(Some(1))
+                .maximum(Some(u64::MAX)),
+        )
+        .item(ObjectBuilder::new().schema_type(Type::String).enum_values(Some(["auto"])))
+        .description(Some("steps between checkpoints, or \"auto\" (Young/Daly)"))
+        .build();
+    utoipa::openapi::RefOr::T(Schema::OneOf(one_of))
+}
+
 /// `POST /v1/jobs`: what to run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
     /// A name for people (default: the program's file name).
@@ -148,14 +176,18 @@ pub struct JobSpec {
     pub max_restarts: u32,
     /// The checkpoint interval told to the ranks (unset: the job's own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = checkpoint_every_schema)]
     pub checkpoint_every: Option<CheckpointEvery>,
     /// Extra environment of every rank (the protocol's variables cannot be overridden).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
 }
 
+/// Longest job name, in bytes.
+pub const MAX_JOB_NAME: usize = 128;
+
 /// Variables the queue sets itself.
-const RESERVED_ENV: &[&str] = &[
+pub const RESERVED_ENV: &[&str] = &[
     "RANK",
     "WORLD_SIZE",
     "LOCAL_RANK",
@@ -207,9 +239,9 @@ impl JobSpec {
             push("checkpoint_dir", format!("{:?} is not an absolute path", self.checkpoint_dir));
         }
         if let Some(name) = &self.name
-            && (name.is_empty() || name.len() > 128 || name.chars().any(char::is_control))
+            && (name.is_empty() || name.len() > MAX_JOB_NAME || name.chars().any(char::is_control))
         {
-            push("name", "must be 1 to 128 printable characters".to_owned());
+            push("name", format!("must be 1 to {MAX_JOB_NAME} printable characters"));
         }
         if self.env.len() > bounds::MAX_ENV {
             let count = self.env.len();
@@ -421,7 +453,7 @@ pub struct Measured {
 }
 
 /// A job and everything the queue keeps about it (stored as one JSON document).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Job {
     /// `j-<seq>`.
     pub id: String,
@@ -443,13 +475,19 @@ pub struct Job {
     pub master_port: Option<u16>,
     /// The bearer token of the job's progress posts (never shown by the API).
     #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schema(ignore)]
     pub progress_token: String,
     /// The ranks of the current attempt.
+    #[schema(value_type = Vec<Object>)]
     pub ranks: Vec<RankRecord>,
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub stop: Option<Stop>,
+    #[schema(value_type = Vec<Object>)]
     pub history: Vec<AttemptRecord>,
+    #[schema(value_type = Object)]
     pub goodput: Goodput,
+    #[schema(value_type = Object)]
     pub measured: Measured,
     /// The checkpoint interval in steps the queue last told the ranks.
     #[serde(default)]
@@ -458,6 +496,7 @@ pub struct Job {
     pub finished_ms: Option<u64>,
     /// What its progress says of its health (hangs).
     #[serde(default)]
+    #[schema(value_type = Object)]
     pub health: JobHealth,
 }
 
@@ -543,7 +582,7 @@ impl Job {
 }
 
 /// A job as `GET /v1/jobs` shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct JobView {
     #[serde(flatten)]
     pub job: Job,

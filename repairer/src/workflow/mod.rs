@@ -177,7 +177,7 @@ pub struct Workflow {
 }
 
 /// An evidence bundle as the repairer keeps it: with the workflow it was gathered for.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct KeptEvidence {
     pub workflow: i64,
     pub node: String,
