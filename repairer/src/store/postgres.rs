@@ -25,6 +25,15 @@
 //! serialised across every connection to the database, and ids are committed in the order they
 //! were taken. A gap (an append rolled back) skips nothing.
 //!
+//! Leadership and fencing. One `leadership` row holds the lease: holder, epoch and expiry, the
+//! expiry computed by the database's clock (`clock_timestamp()`), never a caller's. Taking it
+//! when it is free or lapsed increments the epoch; its holder renews it in place. A write fenced
+//! with epoch E first reads the row `FOR SHARE` in its own transaction and is refused
+//! ([`StoreError::Fenced`], rolled back, nothing stored) when the row's epoch is above E. The
+//! share lock conflicts with the row lock an acquire's UPDATE takes, so a write and a change of
+//! holder are ordered: a write that passed the check commits before the new epoch does, and a
+//! write that starts after it sees the new epoch.
+//!
 //! Migrations are versioned like SQLite's: an append-only list, a `schema_version` table, each
 //! migration applied in its own transaction under an advisory lock (two repairers starting at
 //! once migrate once), and a schema newer than this repairer's is refused.
@@ -35,7 +44,7 @@ use std::time::Duration;
 use postgres::{Client, NoTls};
 
 use super::location::PostgresLocation;
-use super::{EventRow, EvidenceRow, StoreBackend, StoreError};
+use super::{EventRow, EvidenceRow, Fence, Lease, StoreBackend, StoreError};
 
 /// Schema migrations, applied in order, each once; the index + 1 is the schema version. Append,
 /// never edit. The same tables and indexes as the SQLite store's; documents are JSON text.
@@ -80,6 +89,14 @@ const MIGRATIONS: &[&str] = &[
         body TEXT NOT NULL
      );
      CREATE INDEX evidence_node ON evidence (node, id);",
+    // 2: the leadership lease, one row; epoch 0 and no holder until someone takes it.
+    "CREATE TABLE leadership (
+        id BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (id),
+        holder TEXT,
+        epoch BIGINT NOT NULL,
+        expires_at TIMESTAMPTZ NOT NULL
+     );
+     INSERT INTO leadership (holder, epoch, expires_at) VALUES (NULL, 0, '-infinity');",
 ];
 
 /// Advisory lock keys (one 64-bit namespace per database): ASCII "fm-migr" and "fm-event".
@@ -105,6 +122,22 @@ impl PostgresTimeouts {
     /// How long a caller waits for an answer: a connect and a statement, and a margin.
     fn reply_deadline(&self) -> Duration {
         self.connect + self.statement + Duration::from_secs(2)
+    }
+}
+
+/// Why a call on the connection's thread failed.
+enum CallError {
+    Postgres(postgres::Error),
+    /// A fenced write met a newer epoch (`newer` above the write's `epoch`).
+    Fenced {
+        epoch: i64,
+        newer: i64,
+    },
+}
+
+impl From<postgres::Error> for CallError {
+    fn from(err: postgres::Error) -> CallError {
+        CallError::Postgres(err)
     }
 }
 
@@ -148,10 +181,13 @@ impl Session {
 
     fn run<T>(
         &mut self,
-        f: impl FnOnce(&mut Client) -> Result<T, postgres::Error>,
-    ) -> Result<T, postgres::Error> {
-        let result = self.client().and_then(f);
-        if let Err(err) = &result
+        f: impl FnOnce(&mut Client) -> Result<T, CallError>,
+    ) -> Result<T, CallError> {
+        let result = match self.client() {
+            Ok(client) => f(client),
+            Err(err) => Err(CallError::Postgres(err)),
+        };
+        if let Err(CallError::Postgres(err)) = &result
             && connection_lost(err)
         {
             // The next call opens a new connection.
@@ -245,7 +281,7 @@ impl PostgresStore {
     fn call<T: Send + 'static>(
         &self,
         operation: &'static str,
-        f: impl FnOnce(&mut Client) -> Result<T, postgres::Error> + Send + 'static,
+        f: impl FnOnce(&mut Client) -> Result<T, CallError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let (reply, answer) = mpsc::sync_channel(1);
         let job: Job = Box::new(move |session: &mut Session| {
@@ -256,7 +292,11 @@ impl PostgresStore {
             .send(job)
             .map_err(|_| self.failure(operation, "the connection thread stopped".into()))?;
         match answer.recv_timeout(self.reply_deadline) {
-            Ok(result) => result.map_err(|err| self.error(operation, &err)),
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(CallError::Postgres(err))) => Err(self.error(operation, &err)),
+            Ok(Err(CallError::Fenced { epoch, newer })) => {
+                Err(StoreError::Fenced { operation, epoch, newer })
+            }
             Err(mpsc::RecvTimeoutError::Timeout) => Err(StoreError::Timeout {
                 operation,
                 location: self.location.clone(),
@@ -270,7 +310,7 @@ impl PostgresStore {
 
     fn migrate(&self) -> Result<(), StoreError> {
         for version in 1..=MIGRATIONS.len() {
-            let step = self.call("migrate", move |client| migrate_to(client, version));
+            let step = self.call("migrate", move |client| Ok(migrate_to(client, version)?));
             match step {
                 Ok(Migrated::Done) => {}
                 Ok(Migrated::TooNew(found)) => {
@@ -324,20 +364,43 @@ impl PostgresStore {
         })
     }
 
-    /// Runs one statement with owned parameters in its own transaction.
+    /// Runs one statement with owned parameters in its own transaction, fenced with `fence`.
     fn write(
         &self,
         operation: &'static str,
         statement: &'static str,
         params: Vec<Box<dyn postgres::types::ToSql + Send + Sync>>,
+        fence: Fence,
     ) -> Result<(), StoreError> {
         self.call(operation, move |client| {
             let params: Vec<&(dyn postgres::types::ToSql + Sync)> =
                 params.iter().map(|p| p.as_ref() as &(dyn postgres::types::ToSql + Sync)).collect();
-            client.execute(statement, &params)?;
+            let mut tx = client.transaction()?;
+            check_fence(&mut tx, fence)?;
+            tx.execute(statement, &params)?;
+            tx.commit()?;
             Ok(())
         })
     }
+}
+
+/// Refuses the transaction's write when a newer epoch than `fence` holds the lease; the share
+/// lock on the leadership row orders this write against a change of holder (module doc).
+fn check_fence(tx: &mut postgres::Transaction<'_>, fence: Fence) -> Result<(), CallError> {
+    let Some(epoch) = fence else { return Ok(()) };
+    let newer: i64 = tx.query_one("SELECT epoch FROM leadership FOR SHARE", &[])?.get(0);
+    if newer > epoch {
+        return Err(CallError::Fenced { epoch, newer });
+    }
+    Ok(())
+}
+
+/// The lease columns, expiry in ms since the Unix epoch by the database's clock.
+const LEASE_COLUMNS: &str = "holder, epoch, (EXTRACT(EPOCH FROM expires_at) * 1000)::BIGINT, \
+     expires_at <= clock_timestamp()";
+
+fn lease(row: &postgres::Row) -> Lease {
+    Lease { holder: row.get(0), epoch: row.get(1), expires_at_ms: row.get(2), expired: row.get(3) }
 }
 
 /// Applies migration `version` unless the database has it already; one transaction, under the
@@ -375,7 +438,7 @@ impl StoreBackend for PostgresStore {
         })
     }
 
-    fn append_event(&self, event: EventRow<'_>) -> Result<i64, StoreError> {
+    fn append_event(&self, event: EventRow<'_>, fence: Fence) -> Result<i64, StoreError> {
         let (at_ms, kind, node, body) = (
             event.at_ms,
             event.kind.to_owned(),
@@ -384,6 +447,7 @@ impl StoreBackend for PostgresStore {
         );
         self.call("append event", move |client| {
             let mut tx = client.transaction()?;
+            check_fence(&mut tx, fence)?;
             // Held to COMMIT: ids are committed in the order they are taken (see the module doc).
             tx.execute("SELECT pg_advisory_xact_lock($1)", &[&EVENT_LOCK])?;
             let row = tx.query_one(
@@ -420,12 +484,19 @@ impl StoreBackend for PostgresStore {
         })
     }
 
-    fn put_node(&self, name: &str, state: &str, body: &str) -> Result<(), StoreError> {
+    fn put_node(
+        &self,
+        name: &str,
+        state: &str,
+        body: &str,
+        fence: Fence,
+    ) -> Result<(), StoreError> {
         self.write(
             "save node",
             "INSERT INTO nodes (name, state, body) VALUES ($1, $2, $3)
              ON CONFLICT (name) DO UPDATE SET state = excluded.state, body = excluded.body",
             vec![Box::new(name.to_owned()), Box::new(state.to_owned()), Box::new(body.to_owned())],
+            fence,
         )
     }
 
@@ -433,22 +504,32 @@ impl StoreBackend for PostgresStore {
         self.documents("read nodes", "SELECT body FROM nodes ORDER BY name")
     }
 
-    fn insert_workflow(&self, node: &str, body: &str) -> Result<i64, StoreError> {
+    fn insert_workflow(&self, node: &str, body: &str, fence: Fence) -> Result<i64, StoreError> {
         let (node, body) = (node.to_owned(), body.to_owned());
         self.call("create workflow", move |client| {
-            let row = client.query_one(
+            let mut tx = client.transaction()?;
+            check_fence(&mut tx, fence)?;
+            let row = tx.query_one(
                 "INSERT INTO workflows (node, open, body) VALUES ($1, TRUE, $2) RETURNING id",
                 &[&node, &body],
             )?;
+            tx.commit()?;
             Ok(row.get(0))
         })
     }
 
-    fn update_workflow(&self, id: i64, open: bool, body: &str) -> Result<(), StoreError> {
+    fn update_workflow(
+        &self,
+        id: i64,
+        open: bool,
+        body: &str,
+        fence: Fence,
+    ) -> Result<(), StoreError> {
         self.write(
             "update workflow",
             "UPDATE workflows SET open = $2, body = $3 WHERE id = $1",
             vec![Box::new(id), Box::new(open), Box::new(body.to_owned())],
+            fence,
         )
     }
 
@@ -473,16 +554,24 @@ impl StoreBackend for PostgresStore {
         })
     }
 
-    fn put_setting(&self, key: &str, body: &str) -> Result<(), StoreError> {
+    fn put_setting(&self, key: &str, body: &str, fence: Fence) -> Result<(), StoreError> {
         self.write(
             "save setting",
             "INSERT INTO settings (key, body) VALUES ($1, $2)
              ON CONFLICT (key) DO UPDATE SET body = excluded.body",
             vec![Box::new(key.to_owned()), Box::new(body.to_owned())],
+            fence,
         )
     }
 
-    fn put_job(&self, id: &str, seq: u64, state: &str, body: &str) -> Result<(), StoreError> {
+    fn put_job(
+        &self,
+        id: &str,
+        seq: u64,
+        state: &str,
+        body: &str,
+        fence: Fence,
+    ) -> Result<(), StoreError> {
         self.write(
             "save job",
             "INSERT INTO jobs (id, seq, state, body) VALUES ($1, $2, $3, $4)
@@ -493,6 +582,7 @@ impl StoreBackend for PostgresStore {
                 Box::new(state.to_owned()),
                 Box::new(body.to_owned()),
             ],
+            fence,
         )
     }
 
@@ -500,7 +590,7 @@ impl StoreBackend for PostgresStore {
         self.documents("read jobs", "SELECT body FROM jobs ORDER BY seq")
     }
 
-    fn put_evidence(&self, evidence: EvidenceRow<'_>) -> Result<(), StoreError> {
+    fn put_evidence(&self, evidence: EvidenceRow<'_>, fence: Fence) -> Result<(), StoreError> {
         let (workflow, node, command, body, keep) = (
             evidence.workflow,
             evidence.node.to_owned(),
@@ -510,6 +600,7 @@ impl StoreBackend for PostgresStore {
         );
         self.call("keep evidence", move |client| {
             let mut tx = client.transaction()?;
+            check_fence(&mut tx, fence)?;
             tx.execute(
                 "INSERT INTO evidence (workflow, node, command, body) VALUES ($1, $2, $3, $4)
                  ON CONFLICT (command) DO NOTHING",
@@ -520,7 +611,8 @@ impl StoreBackend for PostgresStore {
                  (SELECT id FROM evidence WHERE node = $1 ORDER BY id DESC LIMIT $2)",
                 &[&node, &keep],
             )?;
-            tx.commit()
+            tx.commit()?;
+            Ok(())
         })
     }
 
@@ -531,5 +623,41 @@ impl StoreBackend for PostgresStore {
             node,
             limit,
         )
+    }
+
+    fn acquire(&self, holder: &str, ttl: Duration) -> Result<Option<Lease>, StoreError> {
+        let holder = holder.to_owned();
+        let ttl_ms = ttl.as_millis() as i64;
+        self.call("acquire the lease", move |client| {
+            // Free, lapsed or already ours: taken (a new epoch unless ours and live) or renewed.
+            let query = format!(
+                "UPDATE leadership SET
+                    epoch = CASE WHEN holder = $1 AND expires_at > clock_timestamp()
+                            THEN epoch ELSE epoch + 1 END,
+                    holder = $1,
+                    expires_at = clock_timestamp() + $2::BIGINT * INTERVAL '1 millisecond'
+                 WHERE holder IS NULL OR holder = $1 OR expires_at <= clock_timestamp()
+                 RETURNING {LEASE_COLUMNS}"
+            );
+            Ok(client.query_opt(&query, &[&holder, &ttl_ms])?.as_ref().map(lease))
+        })
+    }
+
+    fn release(&self, holder: &str) -> Result<(), StoreError> {
+        let holder = holder.to_owned();
+        self.call("release the lease", move |client| {
+            client.execute(
+                "UPDATE leadership SET holder = NULL, expires_at = '-infinity' WHERE holder = $1",
+                &[&holder],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn current(&self) -> Result<Option<Lease>, StoreError> {
+        self.call("read the lease", |client| {
+            let query = format!("SELECT {LEASE_COLUMNS} FROM leadership WHERE holder IS NOT NULL");
+            Ok(client.query_opt(&query, &[])?.as_ref().map(lease))
+        })
     }
 }

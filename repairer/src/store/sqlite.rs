@@ -1,5 +1,8 @@
 //! The SQLite backend: one file (WAL), one repairer. The embedded default.
 //!
+//! SQLite does not support several repairers on one store: its lease is always its own (taken at
+//! once, epoch 1, kept in memory) and its writes are never fenced.
+//!
 //! rusqlite is synchronous: calls take a mutex around one connection and last microseconds to a
 //! few milliseconds; hot paths (report ingest) touch the store only when something changed. One
 //! connection behind a mutex also makes event ids (AUTOINCREMENT) increase in commit order.
@@ -9,7 +12,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{EventRow, EvidenceRow, StoreBackend, StoreError};
+use super::{EventRow, EvidenceRow, Fence, Lease, StoreBackend, StoreError};
 
 /// Schema migrations, applied in order, each once; the index + 1 is the schema version. Append,
 /// never edit: a store written by an older repairer is migrated forward at open.
@@ -63,6 +66,8 @@ pub(super) const MIGRATIONS: &[&str] = &[
 pub struct SqliteStore {
     path: PathBuf,
     conn: Mutex<Connection>,
+    /// The lease this (only) repairer took.
+    lease: Mutex<Option<Lease>>,
 }
 
 fn sql(operation: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
@@ -80,7 +85,8 @@ impl SqliteStore {
         conn.pragma_update(None, "synchronous", "NORMAL").map_err(open_err)?;
         conn.pragma_update(None, "foreign_keys", "ON").map_err(open_err)?;
         conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(open_err)?;
-        let store = SqliteStore { path: path.to_owned(), conn: Mutex::new(conn) };
+        let store =
+            SqliteStore { path: path.to_owned(), conn: Mutex::new(conn), lease: Mutex::new(None) };
         store.migrate()?;
         Ok(store)
     }
@@ -90,7 +96,7 @@ impl SqliteStore {
         let path = PathBuf::from(":memory:");
         let conn = Connection::open_in_memory()
             .map_err(|source| StoreError::Open { path: path.clone(), source })?;
-        let store = SqliteStore { path, conn: Mutex::new(conn) };
+        let store = SqliteStore { path, conn: Mutex::new(conn), lease: Mutex::new(None) };
         store.migrate()?;
         Ok(store)
     }
@@ -168,7 +174,7 @@ impl StoreBackend for SqliteStore {
         Ok(version as usize)
     }
 
-    fn append_event(&self, event: EventRow<'_>) -> Result<i64, StoreError> {
+    fn append_event(&self, event: EventRow<'_>, _fence: Fence) -> Result<i64, StoreError> {
         let conn = self.conn();
         conn.execute(
             "INSERT INTO events (at_ms, kind, node, body) VALUES (?1, ?2, ?3, ?4)",
@@ -207,7 +213,13 @@ impl StoreBackend for SqliteStore {
         Ok(id.unwrap_or(0))
     }
 
-    fn put_node(&self, name: &str, state: &str, body: &str) -> Result<(), StoreError> {
+    fn put_node(
+        &self,
+        name: &str,
+        state: &str,
+        body: &str,
+        _fence: Fence,
+    ) -> Result<(), StoreError> {
         self.conn()
             .execute(
                 "INSERT INTO nodes (name, state, body) VALUES (?1, ?2, ?3)
@@ -222,7 +234,7 @@ impl StoreBackend for SqliteStore {
         self.documents("SELECT body FROM nodes ORDER BY name", "read nodes")
     }
 
-    fn insert_workflow(&self, node: &str, body: &str) -> Result<i64, StoreError> {
+    fn insert_workflow(&self, node: &str, body: &str, _fence: Fence) -> Result<i64, StoreError> {
         let conn = self.conn();
         conn.execute(
             "INSERT INTO workflows (node, open, body) VALUES (?1, 1, ?2)",
@@ -232,7 +244,13 @@ impl StoreBackend for SqliteStore {
         Ok(conn.last_insert_rowid())
     }
 
-    fn update_workflow(&self, id: i64, open: bool, body: &str) -> Result<(), StoreError> {
+    fn update_workflow(
+        &self,
+        id: i64,
+        open: bool,
+        body: &str,
+        _fence: Fence,
+    ) -> Result<(), StoreError> {
         self.conn()
             .execute(
                 "UPDATE workflows SET open = ?2, body = ?3 WHERE id = ?1",
@@ -262,7 +280,7 @@ impl StoreBackend for SqliteStore {
             .map_err(sql("read setting"))
     }
 
-    fn put_setting(&self, key: &str, body: &str) -> Result<(), StoreError> {
+    fn put_setting(&self, key: &str, body: &str, _fence: Fence) -> Result<(), StoreError> {
         self.conn()
             .execute(
                 "INSERT INTO settings (key, body) VALUES (?1, ?2)
@@ -273,7 +291,14 @@ impl StoreBackend for SqliteStore {
         Ok(())
     }
 
-    fn put_job(&self, id: &str, seq: u64, state: &str, body: &str) -> Result<(), StoreError> {
+    fn put_job(
+        &self,
+        id: &str,
+        seq: u64,
+        state: &str,
+        body: &str,
+        _fence: Fence,
+    ) -> Result<(), StoreError> {
         self.conn()
             .execute(
                 "INSERT INTO jobs (id, seq, state, body) VALUES (?1, ?2, ?3, ?4)
@@ -288,7 +313,7 @@ impl StoreBackend for SqliteStore {
         self.documents("SELECT body FROM jobs ORDER BY seq", "read jobs")
     }
 
-    fn put_evidence(&self, evidence: EvidenceRow<'_>) -> Result<(), StoreError> {
+    fn put_evidence(&self, evidence: EvidenceRow<'_>, _fence: Fence) -> Result<(), StoreError> {
         let operation = "keep evidence";
         let mut conn = self.conn();
         let tx = conn.transaction().map_err(sql(operation))?;
@@ -314,6 +339,32 @@ impl StoreBackend for SqliteStore {
             limit,
             "read evidence",
         )
+    }
+
+    fn acquire(&self, holder: &str, ttl: std::time::Duration) -> Result<Option<Lease>, StoreError> {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let lease = Lease {
+            holder: holder.to_owned(),
+            epoch: 1,
+            expires_at_ms: now_ms.saturating_add(ttl.as_millis() as i64),
+            expired: false,
+        };
+        *self.lease.lock().unwrap_or_else(PoisonError::into_inner) = Some(lease.clone());
+        Ok(Some(lease))
+    }
+
+    fn release(&self, holder: &str) -> Result<(), StoreError> {
+        let mut lease = self.lease.lock().unwrap_or_else(PoisonError::into_inner);
+        if lease.as_ref().is_some_and(|l| l.holder == holder) {
+            *lease = None;
+        }
+        Ok(())
+    }
+
+    fn current(&self) -> Result<Option<Lease>, StoreError> {
+        Ok(self.lease.lock().unwrap_or_else(PoisonError::into_inner).clone())
     }
 }
 

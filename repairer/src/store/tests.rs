@@ -149,8 +149,16 @@ fn postgres_migrates_an_empty_database_and_refuses_a_newer_schema() {
         .iter()
         .map(|row| row.get(0))
         .collect();
-    for table in ["events", "evidence", "jobs", "nodes", "schema_version", "settings", "workflows"]
-    {
+    for table in [
+        "events",
+        "evidence",
+        "jobs",
+        "leadership",
+        "nodes",
+        "schema_version",
+        "settings",
+        "workflows",
+    ] {
         assert!(tables.iter().any(|t| t == table), "{table} missing from {tables:?}");
     }
     // Opening again migrates nothing.
@@ -282,4 +290,82 @@ fn postgres_event_ids_commit_in_order_under_concurrent_writers() {
     unique.sort();
     unique.dedup();
     assert_eq!(unique.len(), WRITERS * EACH, "no event skipped or seen twice");
+}
+
+/// Polls until the database says the lease lapsed (its clock, not ours).
+fn wait_lapsed(store: &Store) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !store.current_lease().unwrap().is_some_and(|lease| lease.expired) {
+        assert!(Instant::now() < deadline, "the lease did not lapse");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn postgres_lease_passes_on_expiry_and_fences_the_old_holder() {
+    let Some(cluster) = PostgresCluster::start() else { return };
+    let url = cluster.fresh_database();
+    let a = postgres(&url, PostgresTimeouts::default()).unwrap();
+    let b = postgres(&url, PostgresTimeouts::default()).unwrap();
+    assert_eq!(a.current_lease().unwrap(), None);
+
+    let first = a.acquire("a", Duration::from_millis(500)).unwrap().expect("a free lease");
+    assert_eq!((first.holder.as_str(), first.epoch, first.expired), ("a", 1, false));
+    assert_eq!(a.fence(), Some(1));
+    assert_eq!(b.acquire("b", Duration::from_secs(60)).unwrap(), None, "a holds it");
+    let renewed = a.acquire("a", Duration::from_millis(500)).unwrap().unwrap();
+    assert_eq!(renewed.epoch, 1, "renewing keeps the epoch");
+    assert!(renewed.expires_at_ms >= first.expires_at_ms);
+    a.append_event(&event("n1", "by a")).unwrap();
+
+    wait_lapsed(&a);
+    let second = b.acquire("b", Duration::from_secs(60)).unwrap().expect("a lapsed lease");
+    assert_eq!((second.holder.as_str(), second.epoch), ("b", 2));
+    assert_eq!(a.current_lease().unwrap().map(|l| l.holder), Some("b".to_owned()));
+
+    // Every write of a's that records or starts an action is refused, and nothing of it stored.
+    let fenced = |result: Result<(), StoreError>| match result {
+        Err(StoreError::Fenced { epoch: 1, newer: 2, .. }) => {}
+        other => panic!("not fenced: {other:?}"),
+    };
+    let doc = serde_json::json!({"by": "a"});
+    fenced(a.append_event(&event("n1", "stale")).map(drop));
+    fenced(a.put_node("n1", "draining", &doc));
+    fenced(a.insert_workflow("n1", &doc).map(drop));
+    fenced(a.update_workflow(1, false, &doc));
+    fenced(a.put_setting("k", &doc));
+    fenced(a.put_job("j-1", 1, "queued", &doc));
+    fenced(a.put_evidence(1, "n1", "evidence-1-reboot", &doc, 3));
+    let reasons: Vec<String> =
+        b.events(0, None, 10).unwrap().into_iter().map(|e| e.reason).collect();
+    assert_eq!(reasons, ["by a"]);
+    assert!(b.nodes::<serde_json::Value>().unwrap().is_empty());
+    assert!(b.open_workflows::<serde_json::Value>().unwrap().is_empty());
+    assert_eq!(b.setting::<serde_json::Value>("k").unwrap(), None);
+    assert!(b.jobs::<serde_json::Value>().unwrap().is_empty());
+    assert!(b.evidence_of::<serde_json::Value>("n1", 10).unwrap().is_empty());
+    // Reads still work for the fenced store; the new holder writes.
+    assert_eq!(a.events(0, None, 10).unwrap().len(), 1);
+    b.append_event(&event("n1", "by b")).unwrap();
+    b.put_node("n1", "draining", &serde_json::json!({"by": "b"})).unwrap();
+
+    // Given up, the lease is free: the next holder gets a higher epoch.
+    b.release("b").unwrap();
+    assert_eq!(b.current_lease().unwrap(), None);
+    let third = a.acquire("a", Duration::from_secs(60)).unwrap().expect("a released lease");
+    assert_eq!(third.epoch, 3);
+    a.append_event(&event("n1", "by a again")).unwrap();
+    let err = b.append_event(&event("n1", "stale b")).unwrap_err();
+    assert!(matches!(err, StoreError::Fenced { epoch: 2, newer: 3, .. }), "{err:?}");
+}
+
+#[test]
+fn sqlite_lease_is_always_its_own() {
+    let store = Store::in_memory().unwrap();
+    let lease = store.acquire("only", Duration::from_secs(10)).unwrap().unwrap();
+    assert_eq!((lease.holder.as_str(), lease.epoch), ("only", 1));
+    assert_eq!(store.acquire("other", Duration::from_secs(10)).unwrap().unwrap().epoch, 1);
+    store.append_event(&event("n1", "written")).unwrap();
+    store.release("other").unwrap();
+    assert_eq!(store.current_lease().unwrap(), None);
 }
