@@ -128,9 +128,10 @@ struct RepairerArgs {
     /// Listen address (overrides `listen`).
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
-    /// SQLite store path (overrides `store`).
+    /// The store (overrides `store`): a SQLite file path, or a PostgreSQL URL
+    /// (`postgres://USER@HOST:PORT/DB`).
     #[arg(long)]
-    store: Option<PathBuf>,
+    store: Option<fleetmend_repairer::store::StoreLocation>,
     /// Serve plain HTTP (and allow no tokens) on a non-loopback address: a lab, never
     /// production (sets `insecure`).
     #[arg(long)]

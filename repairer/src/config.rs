@@ -33,8 +33,11 @@ pub struct RepairerConfig {
     /// TLS on the listener (`[tls] cert`, `key`): required on a non-loopback address unless
     /// `insecure`.
     pub tls: Option<crate::tls::TlsConfig>,
-    /// The SQLite store (created if missing).
-    pub store: PathBuf,
+    /// Where the store lives: a SQLite file path (created if missing; one repairer), or a
+    /// PostgreSQL database, `postgres://USER[:PASSWORD]@HOST:PORT/DB` (also `postgresql://` and
+    /// key=value conninfo such as `host=H port=P dbname=D user=U`), which several repairers can
+    /// share. A password in it is never logged.
+    pub store: crate::store::StoreLocation,
     /// Bearer token agents send with reports (or `agent_token_file`).
     pub agent_token: Option<String>,
     pub agent_token_file: Option<PathBuf>,
@@ -96,7 +99,7 @@ impl Default for RepairerConfig {
             rate_limits: RateLimitsConfig::default(),
             insecure: false,
             tls: None,
-            store: PathBuf::from("/var/lib/fleetmend/repairer.db"),
+            store: PathBuf::from("/var/lib/fleetmend/repairer.db").into(),
             agent_token: None,
             agent_token_file: None,
             node_tokens_file: None,

@@ -28,5 +28,7 @@ pub mod queue;
 pub mod scheduler;
 pub mod service;
 pub mod store;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod tls;
 pub mod workflow;

@@ -149,9 +149,11 @@ pub async fn start_given(
     let tokens = config.tokens()?;
     let node_tokens =
         config.node_tokens_file.as_deref().map(NodeTokens::load).transpose()?.map(Arc::new);
-    make_store_folder(&config.store);
+    if let Some(path) = config.store.sqlite_path() {
+        make_store_folder(path);
+    }
     let clock = given.clock;
-    let store = Arc::new(Store::open(&config.store)?);
+    let store = Arc::new(Store::connect(&config.store)?);
     let metrics = Arc::new(RepairerMetrics::new());
     let events = Arc::new(EventLog::new(store.clone(), metrics.clone()));
     let nodes = Arc::new(Nodes::load(events.clone())?);
@@ -300,7 +302,7 @@ fn serve(
     // Said before the first connection is served: whoever got an answer finds it in the log.
     let scheme = if certificates.is_some() { "https" } else { "http" };
     let listen = listener.local_addr().unwrap_or(config.listen);
-    tracing::info!(%listen, scheme, mode = config.policy.mode.as_str(), store = %config.store.display(), "repairer started");
+    tracing::info!(%listen, scheme, mode = config.policy.mode.as_str(), store = %config.store, "repairer started");
     Ok(match certificates {
         Some(certificates) => {
             let tls = crate::tls::TlsHandshake::new(certificates.server_config());

@@ -655,7 +655,7 @@ impl Fleet {
     ) -> RepairerConfig {
         let mut repairer = RepairerConfig {
             listen: config.listen.unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0))),
-            store: state_dir.join("repairer.db"),
+            store: state_dir.join("repairer.db").into(),
             agent_token_file: Some(agent_token_file.to_owned()),
             admin_token_file: Some(admin_token_file.to_owned()),
             scheduler: SchedulerKind::Embedded,

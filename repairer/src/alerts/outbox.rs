@@ -4,8 +4,6 @@
 //! alert; a crash between a delivery and its cursor update re-sends that one event, under the same
 //! idempotency key.
 
-use rusqlite::OptionalExtension;
-
 use crate::model::Event;
 use crate::store::{Store, StoreError};
 
@@ -26,11 +24,7 @@ pub fn advance(store: &Store, sink: &str, event_id: i64) -> Result<(), StoreErro
 
 /// The id of the newest event in the log (0 when it is empty).
 pub fn newest_event_id(store: &Store) -> Result<i64, StoreError> {
-    store.transaction("read the newest event id", |tx| {
-        tx.query_row("SELECT MAX(id) FROM events", [], |row| row.get::<_, Option<i64>>(0))
-            .optional()
-            .map(|id| id.flatten().unwrap_or(0))
-    })
+    store.newest_event_id()
 }
 
 /// The cursor of `sink`, creating it when the sink is new: at the start of the log when

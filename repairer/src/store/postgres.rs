@@ -1,0 +1,663 @@
+//! The PostgreSQL backend: one database that several repairers can share, so that losing a
+//! repairer's host loses nothing.
+//!
+//! Threading. The store's API is synchronous and is called from async code. The synchronous
+//! `postgres` client drives its own single-threaded runtime and panics when called from inside a
+//! tokio runtime, so one dedicated thread owns the connection and runs each call, sent to it over
+//! a channel as a closure; the caller waits for the answer with a deadline (the connect timeout
+//! plus the statement timeout plus a margin) and gets [`StoreError::Timeout`] past it. The
+//! server bounds each statement itself (`statement_timeout`, which also bounds lock waits). Calls
+//! are short (one to four round trips) and, as with SQLite's mutex, run one at a time; one
+//! connection per repairer is plenty for its write rate and keeps the design small.
+//!
+//! Reconnection. The connection is opened on the first call and again on the first call after it
+//! broke (the server restarted, the network dropped): a call that meets a broken connection fails
+//! with a clear error, and every call is one transaction, so nothing is half-written. A call whose
+//! answer came too late may still have committed; like a call that meets a dropped connection
+//! during COMMIT, its outcome is unknown to the caller, who treats it as failed and does not act
+//! (an event in the log that was not acted on is a record of a decision, never of an action
+//! taken without one).
+//!
+//! Event ids. `events.id` is a BIGSERIAL: a sequence value is taken at INSERT and becomes visible
+//! at COMMIT, so two writers could take 5 and 6 and commit 6 first, and a reader paging by id
+//! (the API, the alert outbox) that saw 6 would skip 5 forever. Every append therefore takes a
+//! transaction-scoped advisory lock before its INSERT and holds it to COMMIT: appends are
+//! serialised across every connection to the database, and ids are committed in the order they
+//! were taken. A gap (an append rolled back) skips nothing.
+//!
+//! Leadership and fencing. One `leadership` row holds the lease: holder, epoch and expiry, the
+//! expiry computed by the database's clock (`clock_timestamp()`), never a caller's. Taking it
+//! when it is free or lapsed increments the epoch; its holder renews it in place. A write fenced
+//! with epoch E first reads the row `FOR SHARE` in its own transaction and is refused
+//! ([`StoreError::Fenced`], rolled back, nothing stored) when the row's epoch is above E. The
+//! share lock conflicts with the row lock an acquire's UPDATE takes, so a write and a change of
+//! holder are ordered: a write that passed the check commits before the new epoch does, and a
+//! write that starts after it sees the new epoch.
+//!
+//! Migrations are versioned like SQLite's: an append-only list, a `schema_version` table, each
+//! migration applied in its own transaction under an advisory lock (two repairers starting at
+//! once migrate once), and a schema newer than this repairer's is refused.
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use postgres::{Client, NoTls};
+
+use super::location::PostgresLocation;
+use super::{EventRow, EvidenceRow, Fence, Lease, StoreBackend, StoreError};
+
+/// Schema migrations, applied in order, each once; the index + 1 is the schema version. Append,
+/// never edit. The same tables and indexes as the SQLite store's; documents are JSON text.
+const MIGRATIONS: &[&str] = &[
+    // 1: audit log, nodes, workflows, settings, the embedded queue's jobs, evidence bundles.
+    "CREATE TABLE events (
+        id BIGSERIAL PRIMARY KEY,
+        at_ms BIGINT NOT NULL,
+        kind TEXT NOT NULL,
+        node TEXT,
+        body TEXT NOT NULL
+     );
+     CREATE INDEX events_node ON events (node, id);
+     CREATE TABLE nodes (
+        name TEXT PRIMARY KEY,
+        state TEXT NOT NULL,
+        body TEXT NOT NULL
+     );
+     CREATE TABLE workflows (
+        id BIGSERIAL PRIMARY KEY,
+        node TEXT NOT NULL,
+        open BOOLEAN NOT NULL,
+        body TEXT NOT NULL
+     );
+     CREATE INDEX workflows_open ON workflows (open, node);
+     CREATE TABLE settings (
+        key TEXT PRIMARY KEY,
+        body TEXT NOT NULL
+     );
+     CREATE TABLE jobs (
+        id TEXT PRIMARY KEY,
+        seq BIGINT NOT NULL,
+        state TEXT NOT NULL,
+        body TEXT NOT NULL
+     );
+     CREATE INDEX jobs_state ON jobs (state, seq);
+     CREATE TABLE evidence (
+        id BIGSERIAL PRIMARY KEY,
+        workflow BIGINT NOT NULL,
+        node TEXT NOT NULL,
+        command TEXT NOT NULL UNIQUE,
+        body TEXT NOT NULL
+     );
+     CREATE INDEX evidence_node ON evidence (node, id);",
+    // 2: the leadership lease, one row; epoch 0 and no holder until someone takes it.
+    "CREATE TABLE leadership (
+        id BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (id),
+        holder TEXT,
+        epoch BIGINT NOT NULL,
+        expires_at TIMESTAMPTZ NOT NULL
+     );
+     INSERT INTO leadership (holder, epoch, expires_at) VALUES (NULL, 0, '-infinity');",
+];
+
+/// Advisory lock keys (one 64-bit namespace per database): ASCII "fm-migr" and "fm-event".
+const MIGRATION_LOCK: i64 = 0x0066_6d2d_6d69_6772;
+const EVENT_LOCK: i64 = 0x666d_2d65_7665_6e74;
+
+/// How long the store waits on PostgreSQL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PostgresTimeouts {
+    /// Opening a connection (unless the connection string sets `connect_timeout`).
+    pub connect: Duration,
+    /// One statement, lock waits included (the server's `statement_timeout`).
+    pub statement: Duration,
+}
+
+impl Default for PostgresTimeouts {
+    fn default() -> Self {
+        PostgresTimeouts { connect: Duration::from_secs(5), statement: Duration::from_secs(5) }
+    }
+}
+
+impl PostgresTimeouts {
+    /// How long a caller waits for an answer: a connect and a statement, and a margin.
+    fn reply_deadline(&self) -> Duration {
+        self.connect + self.statement + Duration::from_secs(2)
+    }
+}
+
+/// Why a call on the connection's thread failed.
+enum CallError {
+    Postgres(postgres::Error),
+    /// A fenced write met a newer epoch (`newer` above the write's `epoch`).
+    Fenced {
+        epoch: i64,
+        newer: i64,
+    },
+}
+
+impl From<postgres::Error> for CallError {
+    fn from(err: postgres::Error) -> CallError {
+        CallError::Postgres(err)
+    }
+}
+
+/// A call run on the connection's thread.
+type Job = Box<dyn FnOnce(&mut Session) + Send>;
+
+/// The PostgreSQL store.
+#[derive(Debug)]
+pub struct PostgresStore {
+    location: String,
+    password: Option<String>,
+    jobs: mpsc::Sender<Job>,
+    reply_deadline: Duration,
+}
+
+/// The connection thread's state: the settings and the connection, when one is open.
+struct Session {
+    config: postgres::Config,
+    statement_timeout: Duration,
+    client: Option<Client>,
+}
+
+impl Session {
+    fn client(&mut self) -> Result<&mut Client, postgres::Error> {
+        if self.client.as_ref().is_some_and(Client::is_closed) {
+            self.client = None;
+        }
+        match &mut self.client {
+            Some(client) => Ok(client),
+            slot => {
+                let mut client = self.config.connect(NoTls)?;
+                client.batch_execute(&format!(
+                    "SET statement_timeout = {}; SET idle_in_transaction_session_timeout = {}",
+                    self.statement_timeout.as_millis(),
+                    self.statement_timeout.as_millis() * 2,
+                ))?;
+                Ok(slot.insert(client))
+            }
+        }
+    }
+
+    fn run<T>(
+        &mut self,
+        f: impl FnOnce(&mut Client) -> Result<T, CallError>,
+    ) -> Result<T, CallError> {
+        let result = match self.client() {
+            Ok(client) => f(client),
+            Err(err) => Err(CallError::Postgres(err)),
+        };
+        if let Err(CallError::Postgres(err)) = &result
+            && connection_lost(err)
+        {
+            // The next call opens a new connection.
+            self.client = None;
+        }
+        result
+    }
+}
+
+/// Whether `err` leaves the connection unusable: no answer from the server (I/O, closed), or the
+/// server ending the session (SQLSTATE class 08, connection exception; 57P, operator
+/// intervention such as a shutdown).
+fn connection_lost(err: &postgres::Error) -> bool {
+    match err.code() {
+        None => true,
+        Some(code) => {
+            let code = code.code();
+            code.starts_with("08") || code.starts_with("57P")
+        }
+    }
+}
+
+/// What one migration step found.
+enum Migrated {
+    Done,
+    TooNew(usize),
+}
+
+impl PostgresStore {
+    /// Connects to `location`, migrates the database to the current schema, and keeps the
+    /// connection (reopened as needed) on a thread of its own.
+    pub fn open(
+        location: &PostgresLocation,
+        timeouts: PostgresTimeouts,
+    ) -> Result<PostgresStore, StoreError> {
+        let mut config = location.config()?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(timeouts.connect);
+        }
+        // A peer that vanished fails the connection instead of leaving writes unacknowledged.
+        config.tcp_user_timeout(timeouts.connect + timeouts.statement);
+        config.keepalives_idle(Duration::from_secs(10));
+        if config.get_application_name().is_none() {
+            config.application_name("fleetmend-repairer");
+        }
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let mut session = Session { config, statement_timeout: timeouts.statement, client: None };
+        let store = PostgresStore {
+            location: location.redacted().to_owned(),
+            password: location.password().filter(|p| !p.is_empty()),
+            jobs,
+            reply_deadline: timeouts.reply_deadline(),
+        };
+        std::thread::Builder::new()
+            .name("store-postgres".into())
+            .spawn(move || {
+                // Ends when the store (every sender) is dropped; the connection closes with it.
+                for job in queue {
+                    job(&mut session);
+                }
+            })
+            .map_err(|err| store.failure("start the connection thread", err.to_string()))?;
+        store.migrate()?;
+        Ok(store)
+    }
+
+    fn failure(&self, operation: &'static str, message: String) -> StoreError {
+        StoreError::Postgres { operation, location: self.location.clone(), message, code: None }
+    }
+
+    /// The driver's error as a store error, the password scrubbed from its text.
+    fn error(&self, operation: &'static str, err: &postgres::Error) -> StoreError {
+        let mut message = err.to_string();
+        if let Some(db) = err.as_db_error()
+            && let Some(detail) = db.detail()
+        {
+            message = format!("{message} ({detail})");
+        }
+        if let Some(password) = &self.password {
+            message = message.replace(password.as_str(), "***");
+        }
+        StoreError::Postgres {
+            operation,
+            location: self.location.clone(),
+            message,
+            code: err.code().map(|c| c.code().to_owned()),
+        }
+    }
+
+    /// Runs `f` on the connection's thread and waits for its answer, at most the reply deadline.
+    fn call<T: Send + 'static>(
+        &self,
+        operation: &'static str,
+        f: impl FnOnce(&mut Client) -> Result<T, CallError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let (reply, answer) = mpsc::sync_channel(1);
+        let job: Job = Box::new(move |session: &mut Session| {
+            // The caller may have stopped waiting (deadline): then nobody needs the answer.
+            let _ = reply.send(session.run(f));
+        });
+        self.jobs
+            .send(job)
+            .map_err(|_| self.failure(operation, "the connection thread stopped".into()))?;
+        match answer.recv_timeout(self.reply_deadline) {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(CallError::Postgres(err))) => Err(self.error(operation, &err)),
+            Ok(Err(CallError::Fenced { epoch, newer })) => {
+                Err(StoreError::Fenced { operation, epoch, newer })
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(StoreError::Timeout {
+                operation,
+                location: self.location.clone(),
+                after: self.reply_deadline,
+            }),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                Err(self.failure(operation, "the connection thread stopped".into()))
+            }
+        }
+    }
+
+    fn migrate(&self) -> Result<(), StoreError> {
+        for version in 1..=MIGRATIONS.len() {
+            let step = self.call("migrate", move |client| Ok(migrate_to(client, version)?));
+            match step {
+                Ok(Migrated::Done) => {}
+                Ok(Migrated::TooNew(found)) => {
+                    return Err(StoreError::TooNew {
+                        location: self.location.clone(),
+                        found,
+                        known: MIGRATIONS.len(),
+                    });
+                }
+                Err(
+                    err @ (StoreError::Timeout { .. } | StoreError::Postgres { code: None, .. }),
+                ) => {
+                    // Not reachable: say so plainly, not as a failed migration.
+                    return Err(err);
+                }
+                Err(err) => {
+                    return Err(StoreError::Migrate {
+                        location: self.location.clone(),
+                        version,
+                        source: Box::new(err),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Documents selected by `query` with no parameters.
+    fn documents(
+        &self,
+        operation: &'static str,
+        query: &'static str,
+    ) -> Result<Vec<String>, StoreError> {
+        self.call(operation, move |client| {
+            Ok(client.query(query, &[])?.iter().map(|row| row.get(0)).collect())
+        })
+    }
+
+    /// Documents selected by `query` for a node (`$1`), at most `limit` (`$2`).
+    fn documents_of(
+        &self,
+        operation: &'static str,
+        query: &'static str,
+        node: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let node = node.to_owned();
+        let limit = limit as i64;
+        self.call(operation, move |client| {
+            Ok(client.query(query, &[&node, &limit])?.iter().map(|row| row.get(0)).collect())
+        })
+    }
+
+    /// Runs one statement with owned parameters in its own transaction, fenced with `fence`.
+    fn write(
+        &self,
+        operation: &'static str,
+        statement: &'static str,
+        params: Vec<Box<dyn postgres::types::ToSql + Send + Sync>>,
+        fence: Fence,
+    ) -> Result<(), StoreError> {
+        self.call(operation, move |client| {
+            let params: Vec<&(dyn postgres::types::ToSql + Sync)> =
+                params.iter().map(|p| p.as_ref() as &(dyn postgres::types::ToSql + Sync)).collect();
+            let mut tx = client.transaction()?;
+            check_fence(&mut tx, fence)?;
+            tx.execute(statement, &params)?;
+            tx.commit()?;
+            Ok(())
+        })
+    }
+}
+
+/// Refuses the transaction's write when a newer epoch than `fence` holds the lease; the share
+/// lock on the leadership row orders this write against a change of holder (module doc).
+fn check_fence(tx: &mut postgres::Transaction<'_>, fence: Fence) -> Result<(), CallError> {
+    let Some(epoch) = fence else { return Ok(()) };
+    let newer: i64 = tx.query_one("SELECT epoch FROM leadership FOR SHARE", &[])?.get(0);
+    if newer > epoch {
+        return Err(CallError::Fenced { epoch, newer });
+    }
+    Ok(())
+}
+
+/// The lease columns, expiry in ms since the Unix epoch by the database's clock.
+const LEASE_COLUMNS: &str = "holder, epoch, (EXTRACT(EPOCH FROM expires_at) * 1000)::BIGINT, \
+     expires_at <= clock_timestamp()";
+
+fn lease(row: &postgres::Row) -> Lease {
+    Lease { holder: row.get(0), epoch: row.get(1), expires_at_ms: row.get(2), expired: row.get(3) }
+}
+
+/// Applies migration `version` unless the database has it already; one transaction, under the
+/// migration lock.
+fn migrate_to(client: &mut Client, version: usize) -> Result<Migrated, postgres::Error> {
+    let mut tx = client.transaction()?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
+    tx.batch_execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")?;
+    let found = tx
+        .query_opt("SELECT version FROM schema_version", &[])?
+        .map(|row| row.get::<_, i32>(0))
+        .unwrap_or(0)
+        .max(0) as usize;
+    if found > MIGRATIONS.len() {
+        return Ok(Migrated::TooNew(found));
+    }
+    if found < version {
+        tx.batch_execute(MIGRATIONS[version - 1])?;
+        tx.execute("DELETE FROM schema_version", &[])?;
+        tx.execute("INSERT INTO schema_version (version) VALUES ($1)", &[&(version as i32)])?;
+    }
+    tx.commit()?;
+    Ok(Migrated::Done)
+}
+
+impl StoreBackend for PostgresStore {
+    fn location(&self) -> String {
+        self.location.clone()
+    }
+
+    fn schema_version(&self) -> Result<usize, StoreError> {
+        self.call("read the schema version", |client| {
+            let row = client.query_opt("SELECT version FROM schema_version", &[])?;
+            Ok(row.map(|row| row.get::<_, i32>(0)).unwrap_or(0).max(0) as usize)
+        })
+    }
+
+    fn append_event(&self, event: EventRow<'_>, fence: Fence) -> Result<i64, StoreError> {
+        let (at_ms, kind, node, body) = (
+            event.at_ms,
+            event.kind.to_owned(),
+            event.node.map(str::to_owned),
+            event.body.to_owned(),
+        );
+        self.call("append event", move |client| {
+            let mut tx = client.transaction()?;
+            check_fence(&mut tx, fence)?;
+            // Held to COMMIT: ids are committed in the order they are taken (see the module doc).
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&EVENT_LOCK])?;
+            let row = tx.query_one(
+                "INSERT INTO events (at_ms, kind, node, body) VALUES ($1, $2, $3, $4) RETURNING id",
+                &[&at_ms, &kind, &node, &body],
+            )?;
+            tx.commit()?;
+            Ok(row.get(0))
+        })
+    }
+
+    fn events(
+        &self,
+        after: i64,
+        node: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(i64, String)>, StoreError> {
+        let node = node.map(str::to_owned);
+        let limit = limit as i64;
+        self.call("read events", move |client| {
+            let rows = client.query(
+                "SELECT id, body FROM events WHERE id > $1 AND ($2::TEXT IS NULL OR node = $2)
+                 ORDER BY id LIMIT $3",
+                &[&after, &node, &limit],
+            )?;
+            Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+        })
+    }
+
+    fn newest_event_id(&self) -> Result<i64, StoreError> {
+        self.call("read the newest event id", |client| {
+            let row = client.query_one("SELECT MAX(id) FROM events", &[])?;
+            Ok(row.get::<_, Option<i64>>(0).unwrap_or(0))
+        })
+    }
+
+    fn put_node(
+        &self,
+        name: &str,
+        state: &str,
+        body: &str,
+        fence: Fence,
+    ) -> Result<(), StoreError> {
+        self.write(
+            "save node",
+            "INSERT INTO nodes (name, state, body) VALUES ($1, $2, $3)
+             ON CONFLICT (name) DO UPDATE SET state = excluded.state, body = excluded.body",
+            vec![Box::new(name.to_owned()), Box::new(state.to_owned()), Box::new(body.to_owned())],
+            fence,
+        )
+    }
+
+    fn nodes(&self) -> Result<Vec<String>, StoreError> {
+        self.documents("read nodes", "SELECT body FROM nodes ORDER BY name")
+    }
+
+    fn insert_workflow(&self, node: &str, body: &str, fence: Fence) -> Result<i64, StoreError> {
+        let (node, body) = (node.to_owned(), body.to_owned());
+        self.call("create workflow", move |client| {
+            let mut tx = client.transaction()?;
+            check_fence(&mut tx, fence)?;
+            let row = tx.query_one(
+                "INSERT INTO workflows (node, open, body) VALUES ($1, TRUE, $2) RETURNING id",
+                &[&node, &body],
+            )?;
+            tx.commit()?;
+            Ok(row.get(0))
+        })
+    }
+
+    fn update_workflow(
+        &self,
+        id: i64,
+        open: bool,
+        body: &str,
+        fence: Fence,
+    ) -> Result<(), StoreError> {
+        self.write(
+            "update workflow",
+            "UPDATE workflows SET open = $2, body = $3 WHERE id = $1",
+            vec![Box::new(id), Box::new(open), Box::new(body.to_owned())],
+            fence,
+        )
+    }
+
+    fn open_workflows(&self) -> Result<Vec<String>, StoreError> {
+        self.documents("read workflows", "SELECT body FROM workflows WHERE open ORDER BY id")
+    }
+
+    fn workflows_of(&self, node: &str, limit: usize) -> Result<Vec<String>, StoreError> {
+        self.documents_of(
+            "read workflows",
+            "SELECT body FROM workflows WHERE node = $1 ORDER BY id DESC LIMIT $2",
+            node,
+            limit,
+        )
+    }
+
+    fn setting(&self, key: &str) -> Result<Option<String>, StoreError> {
+        let key = key.to_owned();
+        self.call("read setting", move |client| {
+            let row = client.query_opt("SELECT body FROM settings WHERE key = $1", &[&key])?;
+            Ok(row.map(|row| row.get(0)))
+        })
+    }
+
+    fn put_setting(&self, key: &str, body: &str, fence: Fence) -> Result<(), StoreError> {
+        self.write(
+            "save setting",
+            "INSERT INTO settings (key, body) VALUES ($1, $2)
+             ON CONFLICT (key) DO UPDATE SET body = excluded.body",
+            vec![Box::new(key.to_owned()), Box::new(body.to_owned())],
+            fence,
+        )
+    }
+
+    fn put_job(
+        &self,
+        id: &str,
+        seq: u64,
+        state: &str,
+        body: &str,
+        fence: Fence,
+    ) -> Result<(), StoreError> {
+        self.write(
+            "save job",
+            "INSERT INTO jobs (id, seq, state, body) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (id) DO UPDATE SET state = excluded.state, body = excluded.body",
+            vec![
+                Box::new(id.to_owned()),
+                Box::new(seq as i64),
+                Box::new(state.to_owned()),
+                Box::new(body.to_owned()),
+            ],
+            fence,
+        )
+    }
+
+    fn jobs(&self) -> Result<Vec<String>, StoreError> {
+        self.documents("read jobs", "SELECT body FROM jobs ORDER BY seq")
+    }
+
+    fn put_evidence(&self, evidence: EvidenceRow<'_>, fence: Fence) -> Result<(), StoreError> {
+        let (workflow, node, command, body, keep) = (
+            evidence.workflow,
+            evidence.node.to_owned(),
+            evidence.command.to_owned(),
+            evidence.body.to_owned(),
+            evidence.keep as i64,
+        );
+        self.call("keep evidence", move |client| {
+            let mut tx = client.transaction()?;
+            check_fence(&mut tx, fence)?;
+            tx.execute(
+                "INSERT INTO evidence (workflow, node, command, body) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (command) DO NOTHING",
+                &[&workflow, &node, &command, &body],
+            )?;
+            tx.execute(
+                "DELETE FROM evidence WHERE node = $1 AND id NOT IN
+                 (SELECT id FROM evidence WHERE node = $1 ORDER BY id DESC LIMIT $2)",
+                &[&node, &keep],
+            )?;
+            tx.commit()?;
+            Ok(())
+        })
+    }
+
+    fn evidence_of(&self, node: &str, limit: usize) -> Result<Vec<String>, StoreError> {
+        self.documents_of(
+            "read evidence",
+            "SELECT body FROM evidence WHERE node = $1 ORDER BY id DESC LIMIT $2",
+            node,
+            limit,
+        )
+    }
+
+    fn acquire(&self, holder: &str, ttl: Duration) -> Result<Option<Lease>, StoreError> {
+        let holder = holder.to_owned();
+        let ttl_ms = ttl.as_millis() as i64;
+        self.call("acquire the lease", move |client| {
+            // Free, lapsed or already ours: taken (a new epoch unless ours and live) or renewed.
+            let query = format!(
+                "UPDATE leadership SET
+                    epoch = CASE WHEN holder = $1 AND expires_at > clock_timestamp()
+                            THEN epoch ELSE epoch + 1 END,
+                    holder = $1,
+                    expires_at = clock_timestamp() + $2::BIGINT * INTERVAL '1 millisecond'
+                 WHERE holder IS NULL OR holder = $1 OR expires_at <= clock_timestamp()
+                 RETURNING {LEASE_COLUMNS}"
+            );
+            Ok(client.query_opt(&query, &[&holder, &ttl_ms])?.as_ref().map(lease))
+        })
+    }
+
+    fn release(&self, holder: &str) -> Result<(), StoreError> {
+        let holder = holder.to_owned();
+        self.call("release the lease", move |client| {
+            client.execute(
+                "UPDATE leadership SET holder = NULL, expires_at = '-infinity' WHERE holder = $1",
+                &[&holder],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn current(&self) -> Result<Option<Lease>, StoreError> {
+        self.call("read the lease", |client| {
+            let query = format!("SELECT {LEASE_COLUMNS} FROM leadership WHERE holder IS NOT NULL");
+            Ok(client.query_opt(&query, &[])?.as_ref().map(lease))
+        })
+    }
+}
