@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 pub mod bounds;
 pub mod jobs;
 pub mod probes;
+pub mod repairers;
 
 pub use jobs::{
     Progress, ProgressReply, RankKey, RankSignal, RankState, RankStatus, RunRank, SignalRank,
