@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::ValueEnum;
-use fleetmend_agent::config::{AgentConfig, ConfigError, ConfigProblems};
+use fleetmend_agent::config::{AgentConfig, ConfigError, ConfigProblems, RepairerUrls};
 use fleetmend_agent::daemon;
 use fleetmend_agent::gpu::parse_backend;
 use fleetmend_proto::{Finding, Verdict};
@@ -60,7 +60,7 @@ pub struct AgentArgs {
     /// Listen address for /metrics, /healthz and /v1/health (overrides `listen`).
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
-    /// Repairer base URL to report to (overrides `report.repairer`).
+    /// Repairer base URL to report to, or several comma-separated (overrides `report.repairer`).
     #[arg(long, env = "FLEETMEND_REPAIRER")]
     repairer: Option<String>,
     /// sysfs mount point (overrides `paths.sysfs`).
@@ -220,7 +220,7 @@ fn agent_config(args: &AgentArgs) -> Result<AgentConfig, ConfigError> {
         config.listen = listen;
     }
     if let Some(repairer) = &args.repairer {
-        config.report.repairer = Some(repairer.clone());
+        config.report.repairer = Some(RepairerUrls::from_list(repairer));
     }
     if let Some(path) = &args.path_sysfs {
         config.paths.sysfs = path.clone();

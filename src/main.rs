@@ -172,7 +172,8 @@ enum TokenVerb {
 
 #[derive(Debug, Clone, clap::Args)]
 struct ClientArgs {
-    /// The repairer's base URL.
+    /// The repairer's base URL, or several comma-separated: a request goes to the first that
+    /// answers, and a write follows a standby to the leader when the leader is among them.
     #[arg(long, env = "FLEETMEND_REPAIRER", default_value = "http://127.0.0.1:9830")]
     repairer: String,
     /// A file holding the bearer token (read when given; wins over --token): keeps the token out

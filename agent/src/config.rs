@@ -106,8 +106,11 @@ impl HostPaths {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReportConfig {
-    /// Base URL of the repairer, e.g. `http://repairer:9830`. No URL: the agent only serves metrics.
-    pub repairer: Option<String>,
+    /// Base URL of the repairer, e.g. `http://repairer:9830`, or a list of the repairers that
+    /// share one fleet (`["https://r1:9830", "https://r2:9830"]`): reports go to the first that
+    /// takes them, and follow a standby's pointer to the leader when it is one of these. No URL: the
+    /// agent only serves metrics.
+    pub repairer: Option<RepairerUrls>,
     /// Time between regular reports.
     #[serde(with = "humantime_serde")]
     pub interval: Duration,
@@ -141,6 +144,72 @@ impl Default for ReportConfig {
             backoff_initial: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
         }
+    }
+}
+
+/// `report.repairer`: one base URL or a list of them, as written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RepairerUrls {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl RepairerUrls {
+    /// The URLs in order.
+    pub fn urls(&self) -> &[String] {
+        match self {
+            RepairerUrls::One(url) => std::slice::from_ref(url),
+            RepairerUrls::Many(urls) => urls,
+        }
+    }
+
+    /// A comma-separated list (`--repairer`, `FLEETMEND_REPAIRER`); one URL stays one.
+    pub fn from_list(text: &str) -> RepairerUrls {
+        let mut urls = fleetmend_proto::repairers::split_list(text);
+        if urls.len() == 1 { RepairerUrls::One(urls.remove(0)) } else { RepairerUrls::Many(urls) }
+    }
+
+    /// Adds every problem of the list, naming `field` (`report.repairer`, or `report.repairer[i]`
+    /// for an entry of a list).
+    pub fn validate(&self, field: &str, problems: &mut ConfigProblems) {
+        for (at, message) in fleetmend_proto::repairers::problems(self.urls()) {
+            match (self, at) {
+                (RepairerUrls::Many(_), Some(i)) => problems.push(format!("{field}[{i}]"), message),
+                _ => problems.push(field, message),
+            }
+        }
+    }
+}
+
+impl fmt::Display for RepairerUrls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.urls().join(","))
+    }
+}
+
+impl<'de> Deserialize<'de> for RepairerUrls {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = RepairerUrls;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a repairer base URL or a list of them")
+            }
+            fn visit_str<E: serde::de::Error>(self, url: &str) -> Result<RepairerUrls, E> {
+                Ok(RepairerUrls::One(url.to_owned()))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<RepairerUrls, A::Error> {
+                let mut urls = Vec::new();
+                while let Some(url) = seq.next_element::<String>()? {
+                    urls.push(url);
+                }
+                Ok(RepairerUrls::Many(urls))
+            }
+        }
+        deserializer.deserialize_any(Visitor)
     }
 }
 
@@ -451,10 +520,8 @@ impl AgentConfig {
             problems.push(field, message);
         }
         let report = &self.report;
-        if let Some(url) = &report.repairer
-            && !(url.starts_with("http://") || url.starts_with("https://"))
-        {
-            problems.push("report.repairer", format!("{url:?} is not an http:// or https:// URL"));
+        if let Some(urls) = &report.repairer {
+            urls.validate("report.repairer", &mut problems);
         }
         if report.token.is_some() && report.token_file.is_some() {
             problems.push(
@@ -592,6 +659,54 @@ mod tests {
         assert_eq!(fields, ["listener.idle_timeout", "listener.max_connections"], "{problems}");
         let err = AgentConfig::parse("[listener]\nheader_timeout = 10\n").unwrap_err();
         assert!(err.contains("header_timeout"), "{err}");
+    }
+
+    #[test]
+    fn the_repairer_is_one_url_or_a_list() {
+        let one = AgentConfig::parse("[report]\nrepairer = \"http://r1:9830\"\n").unwrap();
+        assert_eq!(one.report.repairer, Some(RepairerUrls::One("http://r1:9830".into())));
+        assert!(one.validate().is_empty(), "{}", one.validate());
+        let many = AgentConfig::parse(
+            "[report]\nrepairer = [\"https://r1:9830\", \"https://r2:9830/\"]\n",
+        )
+        .unwrap();
+        let urls = many.report.repairer.as_ref().unwrap();
+        assert_eq!(urls.urls(), ["https://r1:9830", "https://r2:9830/"]);
+        assert_eq!(urls.to_string(), "https://r1:9830,https://r2:9830/");
+        assert!(many.validate().is_empty(), "{}", many.validate());
+        assert_eq!(AgentConfig::parse("").unwrap().report.repairer, None);
+        let err = AgentConfig::parse("[report]\nrepairer = 9830\n").unwrap_err();
+        assert!(err.contains("a repairer base URL or a list of them"), "{err}");
+        let err = AgentConfig::parse("[report]\nrepairer = [\"http://r1\", 2]\n").unwrap_err();
+        assert!(err.contains("repairer"), "{err}");
+    }
+
+    #[test]
+    fn a_bad_repairer_list_names_each_entry() {
+        let config = AgentConfig::parse(
+            "[report]\nrepairer = [\"http://r1:9830\", \"ftp://r2\", \"HTTP://R1:9830/\", \"\"]\n",
+        )
+        .unwrap();
+        let problems = config.validate();
+        let fields: Vec<&str> = problems.0.iter().map(|p| p.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            ["report.repairer[1]", "report.repairer[2]", "report.repairer[3]"],
+            "{problems}"
+        );
+        assert!(problems.0[1].message.contains("same repairer as entry 0"), "{problems}");
+        let empty = AgentConfig::parse("[report]\nrepairer = []\n").unwrap();
+        let problems = empty.validate();
+        assert!(problems.names("report.repairer"), "{problems}");
+        let long = (0..17).map(|i| format!("\"http://r{i}:9830\"")).collect::<Vec<_>>().join(",");
+        let config = AgentConfig::parse(&format!("[report]\nrepairer = [{long}]\n")).unwrap();
+        let problems = config.validate();
+        assert!(problems.names("report.repairer"), "{problems}");
+        assert_eq!(
+            RepairerUrls::from_list("http://a:1, http://b:2"),
+            RepairerUrls::Many(vec!["http://a:1".into(), "http://b:2".into()])
+        );
+        assert_eq!(RepairerUrls::from_list("http://a:1"), RepairerUrls::One("http://a:1".into()));
     }
 
     #[test]

@@ -93,7 +93,7 @@ pub async fn start(config: AgentConfig) -> Result<RunningAgent, AgentError> {
         node = %state.identity.node,
         listen = %local_addr,
         checks = slots.len(),
-        repairer = config.report.repairer.as_deref().unwrap_or("none"),
+        repairer = %config.report.repairer.as_ref().map_or_else(|| "none".to_owned(), |r| r.to_string()),
         jobs = config.jobs.enabled,
         "agent started"
     );

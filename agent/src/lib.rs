@@ -7,6 +7,7 @@ pub mod commands;
 pub mod config;
 pub mod daemon;
 pub mod evidence;
+pub mod failover;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod gpu;

@@ -68,6 +68,14 @@ pub static AGENT_LAST_REPORT: MetricDesc = gauge(
     "fleetmend_agent_last_report_success_timestamp_seconds",
     "Unix time of the last report the repairer accepted.",
 );
+pub static AGENT_REPAIRER_SWITCHES: MetricDesc = counter(
+    "fleetmend_agent_repairer_switches_total",
+    "Times the agent moved its reports to another of its configured repairers.",
+);
+pub static AGENT_REPAIRER: MetricDesc = gauge(
+    "fleetmend_agent_repairer_info",
+    "The configured repairer the agent reports to now, by url; always 1.",
+);
 // --- listener (`/metrics`, `/healthz`, `/v1/health`; names shared with the repairer) -----------
 
 pub static HTTP_CONNECTIONS_OPEN: MetricDesc = gauge(
@@ -313,6 +321,8 @@ pub static ALL: &[&MetricDesc] = &[
     &AGENT_START_TIME,
     &AGENT_REPORTS,
     &AGENT_LAST_REPORT,
+    &AGENT_REPAIRER_SWITCHES,
+    &AGENT_REPAIRER,
     &CHECK_STATUS,
     &CHECK_DURATION,
     &CHECK_SUCCESS,

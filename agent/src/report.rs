@@ -7,6 +7,10 @@
 //! or 503, with `Retry-After`) is honoured, with jitter on top, so agents refused in the same
 //! second do not all come back in the same second either.
 //!
+//! With several repairers configured, [`crate::failover`] picks which one each attempt goes to:
+//! the reporter stays on one that takes its reports, moves to the next at once when one fails, and
+//! follows a standby's pointer to the leader when the leader is one of its own repairers.
+//!
 //! Commands in the repairer's replies go to the agent's [`Commands`]; their results travel in every
 //! report until one carrying them is accepted, and a finished command is reported at once.
 //!
@@ -20,6 +24,7 @@ use fleetmend_proto::{Finding, Report, ReportReply, ReportTrigger, Verdict, WIRE
 
 use crate::commands::Commands;
 use crate::config::ReportConfig;
+use crate::failover::{Failover, Outcome, Wait};
 use crate::runner::{AgentState, unix_millis};
 
 /// Sending one report failed.
@@ -40,14 +45,18 @@ pub enum ReportError {
         body: String,
         /// `Retry-After` of a 429 or 503: how long the repairer asked to wait.
         retry_after: Option<Duration>,
+        /// `Fleetmend-Leader` of a standby's 503: the leader's base URL.
+        leader: Option<String>,
     },
 }
 
-/// Sends reports to one repairer.
+/// Sends reports to one of the configured repairers.
 #[derive(Debug)]
 pub struct Reporter {
     client: reqwest::Client,
-    url: String,
+    /// The configured base URLs, without a trailing slash.
+    repairers: Vec<String>,
+    failover: Failover,
     token: Option<String>,
     config: ReportConfig,
     /// Where the repairer's commands go; none: they are logged and ignored.
@@ -60,9 +69,11 @@ pub struct Reporter {
 impl Reporter {
     /// A reporter for `config`, or `None` when no repairer is configured.
     pub fn new(config: &ReportConfig) -> Result<Option<Reporter>, ReportError> {
-        let Some(base) = &config.repairer else {
+        let Some(urls) = &config.repairer else {
             return Ok(None);
         };
+        let repairers: Vec<String> =
+            urls.urls().iter().map(|u| u.trim().trim_end_matches('/').to_owned()).collect();
         let token = match (&config.token, &config.token_file) {
             (Some(token), _) => Some(token.clone()),
             (None, Some(path)) => Some(
@@ -93,7 +104,8 @@ impl Reporter {
         let client = builder.build().map_err(ReportError::Client)?;
         Ok(Some(Reporter {
             client,
-            url: format!("{}/v1/reports", base.trim_end_matches('/')),
+            failover: Failover::new(repairers.clone()),
+            repairers,
             token,
             config: config.clone(),
             commands: None,
@@ -113,17 +125,29 @@ impl Reporter {
         self
     }
 
-    /// Sends one report and returns the repairer's reply.
+    /// The base URL the next report goes to.
+    pub fn current_repairer(&self) -> &str {
+        self.failover.current_url()
+    }
+
+    /// Sends one report to the current repairer and returns its reply.
     pub async fn send(&self, report: &Report) -> Result<ReportReply, ReportError> {
-        let mut request = self.client.post(&self.url).json(report);
+        let target = format!("{}/v1/reports", self.failover.current_url());
+        let mut request = self.client.post(&target).json(report);
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
         }
-        let url = || self.url.clone();
+        let url = || target.clone();
         let response =
             request.send().await.map_err(|source| ReportError::Send { url: url(), source })?;
         let status = response.status();
         let retry_after = retry_after(status.as_u16(), response.headers());
+        let leader = (status.as_u16() == 503)
+            .then(|| response.headers().get(fleetmend_proto::repairers::LEADER_HEADER))
+            .flatten()
+            .and_then(|value| value.to_str().ok())
+            .map(|value| value.trim().to_owned())
+            .filter(|value| !value.is_empty());
         let body =
             response.bytes().await.map_err(|source| ReportError::Send { url: url(), source })?;
         if !status.is_success() {
@@ -133,6 +157,7 @@ impl Reporter {
                 status: status.as_u16(),
                 body,
                 retry_after,
+                leader,
             });
         }
         // An empty or unreadable reply still means the report arrived; there is just nothing to do.
@@ -159,7 +184,8 @@ impl Reporter {
 
     /// Reports until the process ends: a startup report, then one every interval, at once on a
     /// request or when a command finished, and with backoff while the repairer is away.
-    pub async fn run(self, state: Arc<AgentState>) {
+    pub async fn run(mut self, state: Arc<AgentState>) {
+        state.note_repairer(self.failover.current_url(), false);
         let mut seq = 0u64;
         let mut failures = 0u32;
         let mut retry_in = Duration::ZERO;
@@ -190,6 +216,7 @@ impl Reporter {
                         tracing::info!(after_failures = failures, "the repairer is back");
                     }
                     failures = 0;
+                    self.failover.after(&Outcome::Delivered);
                     state.note_report(true);
                     if let (Some(generation), Some(ranks)) =
                         (generation, self.commands.as_ref().and_then(|c| c.ranks()))
@@ -201,13 +228,13 @@ impl Reporter {
                 Err(err) => {
                     failures = failures.saturating_add(1);
                     state.note_report(false);
-                    retry_in = match &err {
-                        ReportError::Refused { retry_after: Some(asked), .. } => {
-                            self.after_refusal(*asked)
-                        }
-                        _ => self.backoff(failures),
-                    };
+                    let wait = self.fail_over(&err, &state);
+                    retry_in = wait.unwrap_or_default();
                     tracing::warn!(error = %err, failures, retry_in = ?retry_in, "report not delivered");
+                    if wait.is_none() {
+                        // The next repairer of this round gets the same report at once.
+                        continue;
+                    }
                 }
             }
             trigger = if failures == 0 {
@@ -227,6 +254,44 @@ impl Reporter {
                     ReportTrigger::Interval
                 }
             };
+        }
+    }
+
+    /// Picks the repairer of the next attempt after `err` and returns how long to wait first
+    /// (none: the next repairer of the round, at once).
+    fn fail_over(&mut self, err: &ReportError, state: &AgentState) -> Option<Duration> {
+        let outcome = match err {
+            ReportError::Refused { status: 503, leader, retry_after, .. } => {
+                Outcome::Standby { leader: leader.clone(), retry_after: *retry_after }
+            }
+            ReportError::Refused { status: 500..=599, .. } => Outcome::Unreachable,
+            ReportError::Refused { retry_after, .. } => {
+                Outcome::Refused { retry_after: *retry_after }
+            }
+            _ => Outcome::Unreachable,
+        };
+        let from = self.failover.current();
+        let (step, foreign) = self.failover.after(&outcome);
+        if let Some(foreign) = foreign {
+            tracing::warn!(
+                repairer = %self.repairers[from],
+                leader = %foreign.0,
+                "a standby named a leader that is not a configured repairer; not following it"
+            );
+        }
+        if let Some(why) = step.moved {
+            tracing::info!(
+                from = %self.repairers[from],
+                to = %self.repairers[step.to],
+                why = why.as_str(),
+                "reporting to another repairer"
+            );
+            state.note_repairer(&self.repairers[step.to], true);
+        }
+        match step.wait {
+            Wait::None => None,
+            Wait::Backoff { rounds } => Some(self.backoff(rounds)),
+            Wait::Asked(asked) => Some(self.after_refusal(asked)),
         }
     }
 

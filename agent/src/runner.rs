@@ -176,6 +176,9 @@ pub struct AgentState {
     reports_ok: AtomicU64,
     reports_failed: AtomicU64,
     last_report_ok_ms: AtomicU64,
+    /// The repairer reports go to now (its configured base URL).
+    repairer: Mutex<Option<String>>,
+    repairer_switches: AtomicU64,
     /// Raised when something worth reporting at once happened.
     report_now: Notify,
     /// The listener's connection counts, for `/metrics`.
@@ -192,6 +195,8 @@ impl AgentState {
             reports_ok: AtomicU64::new(0),
             reports_failed: AtomicU64::new(0),
             last_report_ok_ms: AtomicU64::new(0),
+            repairer: Mutex::new(None),
+            repairer_switches: AtomicU64::new(0),
             report_now: Notify::new(),
             listener: Arc::default(),
         }
@@ -247,6 +252,20 @@ impl AgentState {
         }
     }
 
+    /// Reports go to `url` now; `switched`: it moved there from another repairer.
+    pub fn note_repairer(&self, url: &str, switched: bool) {
+        *self.repairer.lock().unwrap_or_else(PoisonError::into_inner) = Some(url.to_owned());
+        if switched {
+            self.repairer_switches.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The repairer reports go to now, and how many times they moved.
+    pub fn repairer(&self) -> (Option<String>, u64) {
+        let url = self.repairer.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        (url, self.repairer_switches.load(Ordering::Relaxed))
+    }
+
     pub fn request_report(&self) {
         self.report_now.notify_one();
     }
@@ -271,6 +290,11 @@ impl AgentState {
             )
             .label("result", "error"),
         ];
+        let (repairer, switches) = self.repairer();
+        samples.push(Sample::new(&metrics::AGENT_REPAIRER_SWITCHES, switches as f64));
+        if let Some(url) = repairer {
+            samples.push(Sample::new(&metrics::AGENT_REPAIRER, 1.0).label("url", url));
+        }
         samples.extend(listener_samples(&self.listener));
         let last_ok = self.last_report_ok_ms.load(Ordering::Relaxed);
         if last_ok > 0 {

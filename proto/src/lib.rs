@@ -14,6 +14,7 @@ pub mod jobs;
 #[cfg(feature = "openapi")]
 pub mod openapi;
 pub mod probes;
+pub mod repairers;
 
 pub use jobs::{
     Progress, ProgressReply, RankKey, RankSignal, RankState, RankStatus, RunRank, SignalRank,

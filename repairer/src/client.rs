@@ -1,5 +1,10 @@
 //! The client side of the admin API, for the `fleetmend nodes|events|drain|...` verbs: requests,
 //! and tables for people.
+//!
+//! Given several repairers (`--repairer http://a:9830,http://b:9830`), a request goes to the first
+//! that answers: one that cannot be reached or answers 5xx is passed over for the next, a standby's
+//! 503 naming the leader (`Fleetmend-Leader`) sends the request to the leader when it is one of the
+//! given repairers; the error when none served it names every repairer tried and what each said.
 
 use std::time::Duration;
 
@@ -21,7 +26,18 @@ pub enum ClientError {
     #[error("{method} {url}: {}", fleetmend_proto::error_chain(source))]
     Send { method: &'static str, url: String, source: reqwest::Error },
     #[error("{method} {url}: HTTP {status}: {message}")]
-    Refused { method: &'static str, url: String, status: u16, message: String },
+    Refused {
+        method: &'static str,
+        url: String,
+        status: u16,
+        message: String,
+        /// A standby's `Fleetmend-Leader`: the leader's base URL.
+        leader: Option<String>,
+    },
+    #[error("the repairer list {list:?}: {message}")]
+    Urls { list: String, message: String },
+    #[error("{method} {path}: no repairer served it: {}", tried.join("; "))]
+    Unserved { method: &'static str, path: String, tried: Vec<String> },
     #[error("{method} {url}: unexpected answer: {source}")]
     Decode { method: &'static str, url: String, source: serde_json::Error },
 }
@@ -30,14 +46,16 @@ pub enum ClientError {
 #[derive(Debug, Clone)]
 pub struct Client {
     http: reqwest::Client,
-    base: String,
+    /// The repairers' base URLs, without a trailing slash, in the order given.
+    bases: Vec<String>,
     token: Option<String>,
     user: String,
 }
 
 impl Client {
-    /// A client of the repairer at `base`; an `https://` one is verified against the CA(s) in
-    /// `ca_file` when given (else the system's roots).
+    /// A client of the repairer at `base`, or of the repairers of a comma-separated list; an
+    /// `https://` one is verified against the CA(s) in `ca_file` when given (else the system's
+    /// roots).
     pub fn new(
         base: &str,
         token: Option<String>,
@@ -45,6 +63,24 @@ impl Client {
         timeout: Duration,
         ca_file: Option<&std::path::Path>,
     ) -> Result<Client, ClientError> {
+        let bases: Vec<String> = if base.contains(',') {
+            let list = fleetmend_proto::repairers::split_list(base);
+            let problems = fleetmend_proto::repairers::problems(&list);
+            if !problems.is_empty() {
+                let message = problems
+                    .iter()
+                    .map(|(at, message)| match at {
+                        Some(i) => format!("entry {i}: {message}"),
+                        None => message.clone(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                return Err(ClientError::Urls { list: base.to_owned(), message });
+            }
+            list.iter().map(|b| b.trim_end_matches('/').to_owned()).collect()
+        } else {
+            vec![base.trim_end_matches('/').to_owned()]
+        };
         let _ = rustls::crypto::ring::default_provider().install_default();
         let mut builder = reqwest::Client::builder().timeout(timeout);
         if let Some(path) = ca_file {
@@ -58,12 +94,7 @@ impl Client {
             builder = builder.tls_certs_only(roots);
         }
         let http = builder.build().map_err(ClientError::Build)?;
-        Ok(Client {
-            http,
-            base: base.trim_end_matches('/').to_owned(),
-            token,
-            user: user.to_owned(),
-        })
+        Ok(Client { http, bases, token, user: user.to_owned() })
     }
 
     async fn request<T: DeserializeOwned>(
@@ -72,7 +103,42 @@ impl Client {
         path: &str,
         body: Option<serde_json::Value>,
     ) -> Result<T, ClientError> {
-        let url = format!("{}{path}", self.base);
+        if let [base] = self.bases.as_slice() {
+            return self.request_at(base, method, path, body.as_ref()).await;
+        }
+        let mut tried_at = vec![false; self.bases.len()];
+        let mut tried = Vec::new();
+        let mut next = Some(0);
+        while let Some(at) = next {
+            tried_at[at] = true;
+            let err = match self.request_at(&self.bases[at], method, path, body.as_ref()).await {
+                Ok(answer) => return Ok(answer),
+                Err(err) => err,
+            };
+            let leader = match &err {
+                ClientError::Send { .. } => None,
+                ClientError::Refused { status: 503, leader, .. } => leader
+                    .as_deref()
+                    .and_then(|l| fleetmend_proto::repairers::position(&self.bases, l)),
+                ClientError::Refused { status: 500..=599, .. } => None,
+                // Anything else is the fleet's answer (a bad token, an unknown node).
+                _ => return Err(err),
+            };
+            tried.push(err.to_string());
+            next =
+                leader.filter(|l| !tried_at[*l]).or_else(|| tried_at.iter().position(|done| !done));
+        }
+        Err(ClientError::Unserved { method, path: path.to_owned(), tried })
+    }
+
+    async fn request_at<T: DeserializeOwned>(
+        &self,
+        base: &str,
+        method: &'static str,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<T, ClientError> {
+        let url = format!("{base}{path}");
         let mut request = match method {
             "POST" => self.http.post(&url),
             _ => self.http.get(&url),
@@ -82,7 +148,7 @@ impl Client {
             request = request.bearer_auth(token);
         }
         if let Some(body) = body {
-            request = request.json(&body);
+            request = request.json(body);
         }
         let response = request.send().await.map_err(|source| ClientError::Send {
             method,
@@ -90,6 +156,11 @@ impl Client {
             source,
         })?;
         let status = response.status();
+        let leader = response
+            .headers()
+            .get(fleetmend_proto::repairers::LEADER_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .map(|value| value.trim().to_owned());
         let bytes = response.bytes().await.map_err(|source| ClientError::Send {
             method,
             url: url.clone(),
@@ -102,7 +173,13 @@ impl Client {
                 .unwrap_or_else(|| {
                     String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned()
                 });
-            return Err(ClientError::Refused { method, url, status: status.as_u16(), message });
+            return Err(ClientError::Refused {
+                method,
+                url,
+                status: status.as_u16(),
+                message,
+                leader,
+            });
         }
         let bytes = if bytes.is_empty() { &b"null"[..] } else { &bytes[..] };
         serde_json::from_slice(bytes).map_err(|source| ClientError::Decode { method, url, source })
@@ -179,7 +256,7 @@ impl Client {
     pub async fn submit(&self, spec: &JobSpec) -> Result<JobView, ClientError> {
         let body = serde_json::to_value(spec).map_err(|source| ClientError::Decode {
             method: "POST",
-            url: format!("{}/v1/jobs", self.base),
+            url: format!("{}/v1/jobs", self.bases.join(",")),
             source,
         })?;
         self.request("POST", "/v1/jobs", Some(body)).await
