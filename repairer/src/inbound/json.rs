@@ -10,9 +10,17 @@ pub(super) fn invalid(path: &str, problem: impl Into<String>) -> InboundError {
     InboundError::Invalid { path: path.to_owned(), problem: problem.into() }
 }
 
-/// `parent.key`, or `key` at the top.
+/// Characters of a key kept in a path: keys (label names) come from outside and an error must
+/// stay short.
+const KEY_MAX_CHARS: usize = 64;
+
+/// `parent.key`, or `key` at the top; a key longer than [`KEY_MAX_CHARS`] is cut, with `...`.
 pub(super) fn join(parent: &str, key: &str) -> String {
-    if parent.is_empty() { key.to_owned() } else { format!("{parent}.{key}") }
+    let key = match key.char_indices().nth(KEY_MAX_CHARS) {
+        Some((cut, _)) => format!("{}...", &key[..cut]),
+        None => key.to_owned(),
+    };
+    if parent.is_empty() { key } else { format!("{parent}.{key}") }
 }
 
 fn json_type(value: &Value) -> &'static str {
@@ -82,4 +90,15 @@ pub(super) fn string_map<'a>(
             None => Err(expected(&join(path, key), "a string", value)),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_long_key_is_cut_in_the_path() {
+        let key = "k".repeat(5000);
+        let path = super::join("alerts[1].labels", &key);
+        assert_eq!(path, format!("alerts[1].labels.{}...", "k".repeat(super::KEY_MAX_CHARS)));
+        assert_eq!(super::join("", "labels"), "labels");
+    }
 }
