@@ -382,7 +382,7 @@ fn repairer(args: RepairerArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("fleetmend repairer: {err}");
-            ExitCode::from(EXIT_CANNOT_RUN)
+            ExitCode::from(err.exit_status())
         }
     }
 }

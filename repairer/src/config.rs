@@ -76,6 +76,8 @@ pub struct RepairerConfig {
     /// Which nodes exist (`[inventory]`): names, hostlist patterns, a file or Slurm's node list.
     /// Absent: every node that reports is in the fleet and counts in the guard rails' shares.
     pub inventory: Option<crate::inventory::InventoryConfig>,
+    /// How repairers sharing a PostgreSQL store take turns leading (`[leadership]`).
+    pub leadership: crate::leadership::LeadershipConfig,
 }
 
 /// The scheduler backend.
@@ -119,6 +121,7 @@ impl Default for RepairerConfig {
             telemetry: TelemetryConfig::default(),
             allreduce: AllreduceConfig::default(),
             inventory: None,
+            leadership: Default::default(),
         }
     }
 }
@@ -278,6 +281,7 @@ impl RepairerConfig {
             ));
         }
         problems.extend(credential_problems);
+        problems.extend(self.leadership.problems());
         problems
     }
 

@@ -32,6 +32,8 @@ pub struct Snapshot<'a> {
     pub inventory: Option<InventoryFigures>,
     /// Nodes held as unknown (outside the inventory).
     pub nodes_unknown: u32,
+    /// Whether this repairer leads, and the lease's epoch.
+    pub leader: crate::leadership::LeaderView,
 }
 
 fn family(name: &str, help: &str, kind: MetricType) -> MetricFamily {
@@ -98,6 +100,20 @@ pub fn encode(snapshot: &Snapshot<'_>) -> String {
         family(BREAKER_OPEN, "1 while the breaker stops automatic action.", MetricType::GAUGE);
     push_gauge(&mut breaker, &[], if snapshot.breaker_open { 1.0 } else { 0.0 });
     families.extend([nodes, breaker]);
+    let leads = snapshot.leader.role == crate::leadership::Role::Leader;
+    let mut leader = family(
+        REPAIRER_LEADER,
+        "1 on the repairer that leads its store (acts), 0 on a standby (serves reads).",
+        MetricType::GAUGE,
+    );
+    push_gauge(&mut leader, &[], if leads { 1.0 } else { 0.0 });
+    let mut epoch = family(
+        REPAIRER_LEADER_EPOCH,
+        "The leadership lease's epoch: one more each time another repairer took the lead.",
+        MetricType::GAUGE,
+    );
+    push_gauge(&mut epoch, &[], snapshot.leader.epoch as f64);
+    families.extend([leader, epoch]);
 
     families.extend(snapshot.metrics.families());
 

@@ -17,6 +17,7 @@ pub mod fuzzing;
 pub mod identity;
 pub mod inbound;
 pub mod inventory;
+pub mod leadership;
 pub mod limits;
 pub mod metrics;
 pub mod model;

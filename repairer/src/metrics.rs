@@ -23,6 +23,8 @@ pub const REPAIRS: &str = "fleetmend_repairs_total";
 pub const DECISIONS: &str = "fleetmend_decisions_total";
 pub const STORE_ERRORS: &str = "fleetmend_store_errors_total";
 pub const BREAKER_OPEN: &str = "fleetmend_breaker_open";
+pub const REPAIRER_LEADER: &str = "fleetmend_repairer_leader";
+pub const REPAIRER_LEADER_EPOCH: &str = "fleetmend_repairer_leader_epoch";
 pub const TIME_TO_DRAIN: &str = "fleetmend_time_to_drain_seconds";
 pub const TIME_TO_REPAIR: &str = "fleetmend_time_to_repair_seconds";
 pub const ALERTS_SENT: &str = "fleetmend_alerts_sent_total";
@@ -322,6 +324,7 @@ mod tests {
             listener: &fleetmend_listener::ListenerStats::default(),
             inventory: None,
             nodes_unknown: 0,
+            leader: crate::leadership::LeaderView::alone(String::new()),
         })
     }
 
@@ -342,6 +345,7 @@ mod tests {
                 refreshes: vec![("slurm", "error", 2), ("slurm", "ok", 7)],
             }),
             nodes_unknown: 3,
+            leader: crate::leadership::LeaderView::alone(String::new()),
             listener: &fleetmend_listener::ListenerStats::default(),
         });
         for (series, value) in [
@@ -429,6 +433,8 @@ mod tests {
             (NODES, "gauge"),
             (NODES_UNKNOWN, "gauge"),
             (BREAKER_OPEN, "gauge"),
+            (REPAIRER_LEADER, "gauge"),
+            (REPAIRER_LEADER_EPOCH, "gauge"),
             (REPORTS_RECEIVED, "counter"),
             (ALLREDUCE_PROBES, "counter"),
             (ALLREDUCE_MEDIAN, "gauge"),
@@ -444,7 +450,7 @@ mod tests {
             assert!(sample(&text, &series).is_some(), "{series} in:\n{text}");
         }
         // Each family once: the registry's and the scrape-time ones never overlap.
-        assert_eq!(text.matches("# TYPE ").count(), 16, "{text}");
+        assert_eq!(text.matches("# TYPE ").count(), 18, "{text}");
         // Reports the engine took in are counted by the API's outcome series, not twice.
         assert!(!text.contains("fleetmend_engine_reports_ok_total"), "{text}");
 

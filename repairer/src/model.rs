@@ -333,6 +333,9 @@ pub enum EventKind {
     /// A node outside the inventory reported and is held as unknown, or a known node left the
     /// inventory (warning: raised once per node); or it came into the inventory (info: cleared).
     NodeUnknown,
+    /// A repairer took the lead of a shared store (a new epoch): after a clean hand-over (info)
+    /// or after the previous leader's lease lapsed (warning).
+    LeaderChanged,
 }
 
 impl EventKind {
@@ -365,6 +368,7 @@ impl EventKind {
             EventKind::Evidence => "evidence",
             EventKind::SpareHeld => "spare-held",
             EventKind::NodeUnknown => "node-unknown",
+            EventKind::LeaderChanged => "leader-changed",
         }
     }
 }
@@ -411,6 +415,9 @@ pub struct Event {
     /// The findings behind it.
     #[serde(default)]
     pub findings: Vec<Finding>,
+    /// The leadership epoch it was written under, on a store shared by several repairers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<i64>,
 }
 
 impl Event {
@@ -453,6 +460,7 @@ impl Event {
             workflow: None,
             reason: reason.into(),
             findings: Vec::new(),
+            epoch: None,
         }
     }
 }

@@ -1,7 +1,10 @@
 //! `fleetmend repairer`: builds every part from the config and serves until asked to stop.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::response::IntoResponse;
 
 use crate::alerts::Alerts;
 use crate::allreduce::{Prober, ProberPorts};
@@ -12,8 +15,9 @@ use crate::config::{RepairerConfig, SchedulerKind};
 use crate::engine::{Engine, EngineError, EngineParts, Nodes};
 use crate::identity::NodeTokens;
 use crate::inventory::Inventory;
+use crate::leadership::{Leadership, LostLeadership, Role};
 use crate::metrics::RepairerMetrics;
-use crate::model::FindingSource;
+use crate::model::{Actor, Event, EventKind, FindingSource, Severity};
 use crate::ports::{EventLog, JobFinding, ReportObserver};
 use crate::provider::Provider;
 use crate::provider::config::{ProviderDeps, build as build_provider};
@@ -21,7 +25,7 @@ use crate::queue::{JobQueue, QueuePorts};
 use crate::scheduler::slurm::SlurmScheduler;
 use crate::scheduler::slurm::spares::SlurmSpares;
 use crate::scheduler::{MemoryScheduler, Scheduler};
-use crate::store::Store;
+use crate::store::{Lease, Store};
 use crate::workflow::trace::WorkflowTracer;
 
 /// The repairer could not start or stopped with an error.
@@ -51,6 +55,19 @@ pub enum ServiceError {
     Tls(#[from] crate::tls::TlsError),
     #[error(transparent)]
     Inventory(#[from] crate::inventory::InventoryError),
+    #[error("this repairer no longer leads: {0}")]
+    LostLeadership(LostLeadership),
+}
+
+impl ServiceError {
+    /// The exit status of `fleetmend repairer` for this error: 75 (EX_TEMPFAIL) when it stopped
+    /// because another repairer leads — a supervisor starts it again, as a standby.
+    pub fn exit_status(&self) -> u8 {
+        match self {
+            ServiceError::LostLeadership(_) => 75,
+            _ => 2,
+        }
+    }
 }
 
 /// A started repairer.
@@ -63,10 +80,13 @@ pub struct Repairer {
     /// The embedded job queue (`scheduler = "embedded"` and no scheduler given).
     pub queue: Option<Arc<JobQueue>>,
     server: tokio::task::JoinHandle<Result<(), ServiceError>>,
-    /// Keeps Slurm's hot spares (`scheduler = "slurm"`); stopped with the server.
-    spares: Option<tokio::task::JoinHandle<()>>,
-    /// Keeps the inventory current (its file, Slurm's list); stopped with the server.
-    inventory_watch: Option<tokio::task::JoinHandle<()>>,
+    /// What keeps Slurm's hot spares and the inventory current, and forwards findings; stopped
+    /// with the server.
+    background: Vec<tokio::task::JoinHandle<()>>,
+    /// On a shared store: the wait for the lease and the keeping of it.
+    election: Option<tokio::task::JoinHandle<()>>,
+    leadership: Option<Arc<Leadership>>,
+    switch: Arc<Switch>,
 }
 
 impl std::fmt::Debug for Repairer {
@@ -82,8 +102,18 @@ impl Repairer {
             Ok(result) => result,
             Err(_) => Ok(()),
         };
-        for task in [&self.spares, &self.inventory_watch].into_iter().flatten() {
+        for task in self.background.iter().chain(&self.election) {
             task.abort();
+        }
+        let result = match (result, self.switch.lost()) {
+            (Ok(()), Some(why)) => Err(ServiceError::LostLeadership(why)),
+            (result, _) => result,
+        };
+        // A clean stop hands the lead over at once rather than when the lease lapses.
+        if result.is_ok()
+            && let Some(leadership) = self.leadership.clone()
+        {
+            let _ = tokio::task::spawn_blocking(move || leadership.release()).await;
         }
         // Spans still queued go out before the process ends.
         if let Some(tracer) = &self.tracer
@@ -141,6 +171,12 @@ impl std::fmt::Debug for Given {
 
 /// [`start`] with what `given` gives. The parts are built in one pass, each from the ports made
 /// before it: store → event log → nodes → scheduler (the queue) → engine → alert sinks → API.
+///
+/// On a store shared by several repairers (PostgreSQL) this repairer leads only while it holds
+/// the store's lease ([`crate::leadership`]): until then it is a standby whose parts are built
+/// from the store again each time it changes, never started, and whose API answers reads and
+/// sends writes to the leader; once it takes the lease it builds them afresh and starts them, as
+/// a repairer starting on its own store does.
 pub async fn start_given(
     config: RepairerConfig,
     given: Given,
@@ -152,13 +188,7 @@ pub async fn start_given(
     if let Some(path) = config.store.sqlite_path() {
         make_store_folder(path);
     }
-    let clock = given.clock;
     let store = Arc::new(Store::connect(&config.store)?);
-    let metrics = Arc::new(RepairerMetrics::new());
-    let events = Arc::new(EventLog::new(store.clone(), metrics.clone()));
-    let nodes = Arc::new(Nodes::load(events.clone())?);
-    let (inventory, inventory_watch) = start_inventory(&config, &events, &nodes, &clock).await?;
-    let commands = Arc::new(CommandQueue::new());
     // Bound first: the queue hands its address to the ranks it starts.
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -166,12 +196,212 @@ pub async fn start_given(
     let local_addr = listener
         .local_addr()
         .map_err(|source| ServiceError::Listen { addr: config.listen, source })?;
+    let leadership = config.store.sqlite_path().is_none().then(|| {
+        let this = advertised_url(&config, local_addr);
+        Leadership::new((*store).clone(), config.leadership.clone(), this)
+    });
+    let metrics = Arc::new(RepairerMetrics::new());
+    let events = Arc::new(EventLog::new(store.clone(), metrics.clone()));
+    let shared = Shared::new(&config, given, events, metrics, local_addr, tokens, node_tokens)?;
+    let inventory = load_inventory(&config, &shared.events).await?;
+    let switch = Arc::new(Switch::default());
+    let parts = match &leadership {
+        None => Led::start(&config, &shared, inventory.clone(), None).await?,
+        Some(leadership) => match leadership.try_lead().await {
+            Ok(Some(taken)) => Led::start(&config, &shared, inventory.clone(), Some(taken)).await?,
+            Ok(None) => Led::standby(&config, &shared, inventory.clone())?,
+            Err(err) => {
+                tracing::warn!(error = %err, "reading the leadership lease failed: starting as a standby");
+                Led::standby(&config, &shared, inventory.clone())?
+            }
+        },
+    };
+    switch.set(api::router(api_state(&parts, &shared, leadership.clone())));
+    let Led { engine, scheduler, queue, tasks } = parts;
+    let tracer = shared.tracer.clone();
+    let stats = shared.api.listener.clone();
+    let server = serve(listener, switch.router(), stats, &config, switch.stopped_or(shutdown))?;
+    let (background, election) = match &leadership {
+        None => (tasks.handles, None),
+        Some(leadership) => {
+            let context = Election {
+                config: config.clone(),
+                shared,
+                inventory,
+                switch: switch.clone(),
+                tasks,
+            };
+            (Vec::new(), Some(tokio::spawn(context.run(leadership.clone()))))
+        }
+    };
+    Ok(Repairer {
+        engine,
+        scheduler,
+        local_addr,
+        tracer,
+        queue,
+        server,
+        background,
+        election,
+        leadership,
+        switch,
+    })
+}
+
+/// What every build of the parts shares: made once per process.
+struct Shared {
+    clock: SharedClock,
+    events: Arc<EventLog>,
+    metrics: Arc<RepairerMetrics>,
+    commands: Arc<CommandQueue>,
+    provider: Arc<dyn Provider>,
+    /// The scheduler the caller gave (tests); else each build makes the config's.
+    scheduler: Option<Arc<dyn Scheduler>>,
+    tracer: Option<Arc<WorkflowTracer>>,
+    local_addr: SocketAddr,
+    /// The API's counters and rate limits, kept across builds.
+    api: api::ApiShared,
+}
+
+impl Shared {
+    fn new(
+        config: &RepairerConfig,
+        given: Given,
+        events: Arc<EventLog>,
+        metrics: Arc<RepairerMetrics>,
+        local_addr: SocketAddr,
+        tokens: crate::config::Tokens,
+        node_tokens: Option<Arc<NodeTokens>>,
+    ) -> Result<Shared, ServiceError> {
+        let commands = Arc::new(CommandQueue::new());
+        let provider = match given.provider {
+            Some(provider) => provider,
+            None => build_provider(
+                &config.provider,
+                &ProviderDeps { commands: commands.clone(), slurm: config.slurm.clone() },
+            )?,
+        };
+        Ok(Shared {
+            clock: given.clock,
+            events,
+            metrics,
+            commands,
+            provider,
+            scheduler: given.scheduler,
+            tracer: WorkflowTracer::from_config(&config.telemetry)?.map(Arc::new),
+            local_addr,
+            api: api::ApiShared::new(config, tokens, node_tokens),
+        })
+    }
+}
+
+/// The parts built from the store: what the leader runs, or a standby reads.
+struct Led {
+    engine: Arc<Engine>,
+    scheduler: Arc<dyn Scheduler>,
+    queue: Option<Arc<JobQueue>>,
+    /// Background work started with them (none on a standby).
+    tasks: Started,
+}
+
+/// What a leader started besides the engine's and the queue's own ticks.
+#[derive(Default)]
+struct Started {
+    alerts: Option<Arc<Alerts>>,
+    handles: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// The parts before they are started, with the channels their findings come on.
+struct Built {
+    nodes: Arc<Nodes>,
+    engine: Arc<Engine>,
+    scheduler: Arc<dyn Scheduler>,
+    queue: Option<Arc<JobQueue>>,
+    prober: Option<Arc<Prober>>,
+    job_findings: Option<tokio::sync::mpsc::UnboundedReceiver<JobFinding>>,
+    probe_findings: tokio::sync::mpsc::UnboundedReceiver<JobFinding>,
+    slurm_spares: Option<SlurmSpares>,
+}
+
+impl Led {
+    /// Builds the parts from the store and starts them: this repairer leads (`taken`: the lease
+    /// it took and the one before, on a shared store).
+    async fn start(
+        config: &RepairerConfig,
+        shared: &Shared,
+        inventory: Option<Arc<Inventory>>,
+        taken: Option<(Lease, Option<Lease>)>,
+    ) -> Result<Led, ServiceError> {
+        if let Some((lease, previous)) = &taken {
+            record_leadership(&shared.events, shared.clock.now_ms(), lease, previous.as_ref())?;
+        }
+        let built = build(config, shared, inventory.clone())?;
+        let mut handles = Vec::new();
+        if let Some(inventory) = inventory {
+            let nodes = built.nodes.clone();
+            let known = |name: &str| inventory.contains(name);
+            let moved =
+                nodes.apply_inventory(known, shared.clock.now_ms()).map_err(EngineError::from)?;
+            tracing::info!(
+                nodes = inventory.len(),
+                unknown = nodes.unknown_count(),
+                moved,
+                "inventory read"
+            );
+            handles.push(watch_inventory(inventory, nodes, shared.clock.clone()));
+        }
+        let Built {
+            engine,
+            scheduler,
+            queue,
+            prober,
+            job_findings,
+            probe_findings,
+            slurm_spares,
+            ..
+        } = built;
+        let alerts = start_alerts(&config.alerts, engine.store(), &shared.clock, &shared.events)?;
+        engine.start()?;
+        if let Some(findings) = job_findings {
+            handles.push(tokio::spawn(forward_findings(
+                findings,
+                engine.clone(),
+                FindingSource::Job,
+            )));
+        }
+        handles.extend(start_prober(prober, probe_findings, &engine));
+        if let Some(queue) = &queue {
+            queue.start();
+        }
+        handles.extend(slurm_spares.map(|keeper| tokio::spawn(keeper.run())));
+        Ok(Led { engine, scheduler, queue, tasks: Started { alerts, handles } })
+    }
+
+    /// Builds the parts from the store for reading only: this repairer is a standby.
+    fn standby(
+        config: &RepairerConfig,
+        shared: &Shared,
+        inventory: Option<Arc<Inventory>>,
+    ) -> Result<Led, ServiceError> {
+        let Built { engine, scheduler, queue, .. } = build(config, shared, inventory)?;
+        Ok(Led { engine, scheduler, queue, tasks: Started::default() })
+    }
+}
+
+/// Builds every part from the store, starting none.
+fn build(
+    config: &RepairerConfig,
+    shared: &Shared,
+    inventory: Option<Arc<Inventory>>,
+) -> Result<Built, ServiceError> {
+    let Shared { clock, events, metrics, commands, .. } = shared;
+    let nodes = Arc::new(Nodes::load(events.clone())?);
     let unreachable_window =
         config.engine.report_interval.saturating_mul(config.engine.unreachable_after);
     let mut slurm_spares = None;
     let mut job_findings = None;
     let (scheduler, queue): (Arc<dyn Scheduler>, Option<Arc<JobQueue>>) =
-        match (given.scheduler, config.scheduler) {
+        match (shared.scheduler.clone(), config.scheduler) {
             (Some(scheduler), _) => (scheduler, None),
             (None, SchedulerKind::Memory) => (Arc::new(MemoryScheduler::new()), None),
             (None, SchedulerKind::Embedded) => {
@@ -184,7 +414,7 @@ pub async fn start_given(
                     clock: clock.clone(),
                     findings: Some(sender),
                 };
-                let base = config.queue.progress_base(local_addr, &hostname());
+                let base = config.queue.progress_base(shared.local_addr, &hostname());
                 let queue = JobQueue::load(config.queue.clone(), ports, unreachable_window, &base)?;
                 (queue.clone(), Some(queue))
             }
@@ -199,14 +429,6 @@ pub async fn start_given(
                 (slurm, None)
             }
         };
-    let provider = match given.provider {
-        Some(provider) => provider,
-        None => build_provider(
-            &config.provider,
-            &ProviderDeps { commands: commands.clone(), slurm: config.slurm.clone() },
-        )?,
-    };
-    let tracer = WorkflowTracer::from_config(&config.telemetry)?.map(Arc::new);
     let (probe_sender, probe_findings) = tokio::sync::mpsc::unbounded_channel();
     let prober = config.allreduce.enabled().then(|| {
         let ports = ProberPorts {
@@ -224,72 +446,144 @@ pub async fn start_given(
     let engine = Engine::new(EngineParts {
         clock: clock.clone(),
         events: events.clone(),
-        nodes,
+        nodes: nodes.clone(),
         metrics: metrics.clone(),
         policy: config.policy.clone(),
         config: config.engine.clone(),
         scheduler: scheduler.clone(),
-        provider,
-        commands,
+        provider: shared.provider.clone(),
+        commands: commands.clone(),
         observer: queue.clone().map(|q| q as Arc<dyn ReportObserver>),
-        tracer: tracer.clone(),
+        tracer: shared.tracer.clone(),
         prober: prober.clone(),
-        inventory: inventory.clone(),
+        inventory,
     })?;
-    let alerts = start_alerts(&config.alerts, &store, &clock, &events)?;
-    engine.start()?;
-    if let Some(findings) = job_findings {
-        tokio::spawn(forward_findings(findings, engine.clone(), FindingSource::Job));
-    }
-    start_prober(prober, probe_findings, &engine);
-    if let Some(queue) = &queue {
-        queue.start();
-    }
-    let spares = slurm_spares.map(|keeper| tokio::spawn(keeper.run()));
-    let api =
-        ApiParts { engine: engine.clone(), queue: queue.clone(), alerts, tokens, node_tokens };
-    let server = serve(listener, api_state(api, &config), &config, shutdown)?;
-    Ok(Repairer { engine, scheduler, local_addr, tracer, queue, server, spares, inventory_watch })
-}
-
-/// What the API is built from, besides the config.
-struct ApiParts {
-    engine: Arc<Engine>,
-    queue: Option<Arc<JobQueue>>,
-    alerts: Option<Arc<Alerts>>,
-    tokens: crate::config::Tokens,
-    node_tokens: Option<Arc<crate::identity::NodeTokens>>,
-}
-
-/// The API's shared state: `parts`, its counters and the rate limits of `config`.
-fn api_state(parts: ApiParts, config: &RepairerConfig) -> Arc<ApiState> {
-    let ApiParts { engine, queue, alerts, tokens, node_tokens } = parts;
-    Arc::new(ApiState {
+    Ok(Built {
+        nodes,
         engine,
+        scheduler,
         queue,
-        alerts,
-        tokens,
-        node_tokens,
-        inbound: config.inbound.clone(),
-        max_body_bytes: config.max_body_bytes,
-        reports: Default::default(),
-        refused: Default::default(),
-        subscriptions: Mutex::new(Vec::new()),
-        limits: crate::limits::RateLimits::new(&config.rate_limits),
-        listener: Arc::default(),
+        prober,
+        job_findings,
+        probe_findings,
+        slurm_spares,
     })
 }
 
-/// Serves the API of `state` on `listener` under `[listener]`'s deadlines and cap, over TLS with
-/// `[tls]`'s certificate (read again on SIGHUP and when its files change).
+/// Writes the audit event of this repairer taking the lead: a warning when the previous leader's
+/// lease lapsed (it died, stopped or was cut off), info after a clean hand-over or at first.
+fn record_leadership(
+    events: &EventLog,
+    now_ms: u64,
+    lease: &Lease,
+    previous: Option<&Lease>,
+) -> Result<(), ServiceError> {
+    let this = crate::leadership::holder_url(&lease.holder);
+    let (severity, reason) = match previous {
+        Some(previous) if previous.holder != lease.holder => (
+            Severity::Warning,
+            format!(
+                "{this} leads at epoch {}: the lease of {} (epoch {}) lapsed unrenewed",
+                lease.epoch,
+                crate::leadership::holder_url(&previous.holder),
+                previous.epoch
+            ),
+        ),
+        _ => (Severity::Info, format!("{this} leads at epoch {}", lease.epoch)),
+    };
+    let event =
+        Event::new(EventKind::LeaderChanged, severity, None, Actor::repairer(), reason, now_ms);
+    events.record(&event).map_err(EngineError::from)?;
+    Ok(())
+}
+
+/// A standby's wait for the lease, and the leader's keeping of it.
+struct Election {
+    config: RepairerConfig,
+    shared: Shared,
+    inventory: Option<Arc<Inventory>>,
+    switch: Arc<Switch>,
+    tasks: Started,
+}
+
+/// A standby reads the store again at least this often, changed or not.
+const STANDBY_REBUILD: Duration = Duration::from_secs(10);
+
+impl Election {
+    /// Waits as a standby (rebuilding its read-only parts as the store changes) until it takes
+    /// the lease, leads until it loses it, then stops the server with the reason.
+    async fn run(self, leadership: Arc<Leadership>) {
+        let Election { config, shared, inventory, switch, tasks } = self;
+        let mut tasks = tasks;
+        if leadership.role() == Role::Standby {
+            let mut seen = shared.events.store().newest_event_id().unwrap_or(0);
+            let mut built_at = std::time::Instant::now();
+            loop {
+                tokio::time::sleep(config.leadership.poll).await;
+                match leadership.try_lead().await {
+                    Ok(Some(taken)) => {
+                        match Led::start(&config, &shared, inventory.clone(), Some(taken)).await {
+                            Ok(led) => {
+                                tracing::info!(epoch = leadership.epoch(), "this repairer leads");
+                                let state = api_state(&led, &shared, Some(leadership.clone()));
+                                switch.set(api::router(state));
+                                tasks = led.tasks;
+                            }
+                            Err(err) => leadership.step_down(LostLeadership::NotRenewed(format!(
+                                "starting as the leader failed: {err}"
+                            ))),
+                        }
+                        break;
+                    }
+                    Ok(None) => {}
+                    Err(err) => tracing::warn!(error = %err, "reading the leadership lease failed"),
+                }
+                let newest = shared.events.store().newest_event_id().unwrap_or(seen);
+                if newest != seen || built_at.elapsed() >= STANDBY_REBUILD {
+                    match Led::standby(&config, &shared, inventory.clone()) {
+                        Ok(led) => {
+                            let state = api_state(&led, &shared, Some(leadership.clone()));
+                            switch.set(api::router(state));
+                            (seen, built_at) = (newest, std::time::Instant::now());
+                        }
+                        Err(err) => {
+                            tracing::warn!(error = %err, "reading the store for a standby's answers failed")
+                        }
+                    }
+                }
+            }
+        }
+        if leadership.role() == Role::Leader {
+            tokio::spawn(leadership.clone().keep());
+        }
+        let why = leadership.lost().await;
+        for task in tasks.handles {
+            task.abort();
+        }
+        switch.stop(why);
+    }
+}
+
+/// The API's state over `led`'s parts.
+fn api_state(led: &Led, shared: &Shared, leadership: Option<Arc<Leadership>>) -> Arc<ApiState> {
+    Arc::new(ApiState {
+        engine: led.engine.clone(),
+        queue: led.queue.clone(),
+        alerts: led.tasks.alerts.clone(),
+        leadership,
+        shared: shared.api.clone(),
+    })
+}
+
+/// Serves `app` on `listener` under `[listener]`'s deadlines and cap, over TLS with `[tls]`'s
+/// certificate (read again on SIGHUP and when its files change).
 fn serve(
     listener: tokio::net::TcpListener,
-    state: Arc<ApiState>,
+    app: axum::Router,
+    stats: Arc<fleetmend_listener::ListenerStats>,
     config: &RepairerConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<tokio::task::JoinHandle<Result<(), ServiceError>>, ServiceError> {
-    let stats = state.listener.clone();
-    let app = api::router(state);
     let certificates = match &config.tls {
         Some(tls) => Some(crate::tls::Certificates::load(tls)?),
         None => None,
@@ -328,26 +622,86 @@ fn serve(
     })
 }
 
-/// The inventory, where one is configured, and the task that keeps it current. Each stored node
-/// is marked in or out of it first (the config may have changed since the nodes were stored; with
-/// no inventory every node is in).
-async fn start_inventory(
+/// The API in use: a standby's, then the leader's once this repairer takes the lead. The server
+/// serves whichever is current; a lost lead stops it.
+#[derive(Default)]
+struct Switch {
+    current: std::sync::RwLock<Option<axum::Router>>,
+    lost: tokio::sync::watch::Sender<Option<LostLeadership>>,
+}
+
+impl Switch {
+    fn set(&self, router: axum::Router) {
+        *self.current.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(router);
+    }
+
+    /// The router the server runs: each request goes to the current API.
+    fn router(self: &Arc<Self>) -> axum::Router {
+        let switch = self.clone();
+        axum::Router::new().fallback(move |request: axum::extract::Request| {
+            let current =
+                switch.current.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+            async move {
+                match current {
+                    Some(mut router) => {
+                        use tower_service::Service;
+                        match router.call(request).await {
+                            Ok(response) => response,
+                            Err(never) => match never {},
+                        }
+                    }
+                    None => axum::http::StatusCode::SERVICE_UNAVAILABLE.into_response(),
+                }
+            }
+        })
+    }
+
+    /// Stops the server: this repairer no longer leads.
+    fn stop(&self, why: LostLeadership) {
+        self.lost.send_if_modified(|lost| lost.is_none() && lost.replace(why).is_none());
+    }
+
+    fn lost(&self) -> Option<LostLeadership> {
+        self.lost.borrow().clone()
+    }
+
+    /// `shutdown`, or this repairer losing the lead, whichever comes first.
+    fn stopped_or(
+        self: &Arc<Self>,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut lost = self.lost.subscribe();
+        async move {
+            tokio::select! {
+                () = shutdown => {}
+                _ = lost.wait_for(Option::is_some) => {}
+            }
+        }
+    }
+}
+
+/// The URL this repairer is reached at: `[leadership] advertise`, else its scheme, the host's
+/// name (or the listen address when it names one) and port.
+fn advertised_url(config: &RepairerConfig, local_addr: SocketAddr) -> String {
+    if let Some(url) = &config.leadership.advertise {
+        return fleetmend_proto::repairers::normalise(url).unwrap_or_else(|_| url.clone());
+    }
+    let scheme = if config.tls.is_some() { "https" } else { "http" };
+    let host =
+        if local_addr.ip().is_unspecified() { hostname() } else { local_addr.ip().to_string() };
+    let host = if host.contains(':') { format!("[{host}]") } else { host };
+    format!("{scheme}://{host}:{}", local_addr.port())
+}
+
+/// The inventory, where one is configured (marked on the nodes when this repairer leads).
+async fn load_inventory(
     config: &RepairerConfig,
     events: &Arc<EventLog>,
-    nodes: &Arc<Nodes>,
-    clock: &SharedClock,
-) -> Result<(Option<Arc<Inventory>>, Option<tokio::task::JoinHandle<()>>), ServiceError> {
-    let inventory = match &config.inventory {
+) -> Result<Option<Arc<Inventory>>, ServiceError> {
+    Ok(match &config.inventory {
         Some(inventory) => Some(Inventory::load(inventory, &config.slurm, events.clone()).await?),
         None => None,
-    };
-    let known = |name: &str| inventory.as_ref().is_none_or(|i| i.contains(name));
-    let moved = nodes.apply_inventory(known, clock.now_ms()).map_err(EngineError::from)?;
-    let Some(inventory) = inventory else { return Ok((None, None)) };
-    let unknown = nodes.unknown_count();
-    tracing::info!(nodes = inventory.len(), unknown, moved, "inventory read");
-    let watch = watch_inventory(inventory.clone(), nodes.clone(), clock.clone());
-    Ok((Some(inventory), Some(watch)))
+    })
 }
 
 /// Keeps the inventory current, marking the nodes in or out of it after each change.
@@ -392,11 +746,11 @@ fn start_prober(
     prober: Option<Arc<Prober>>,
     findings: tokio::sync::mpsc::UnboundedReceiver<JobFinding>,
     engine: &Arc<Engine>,
-) {
-    if let Some(prober) = prober {
-        tokio::spawn(forward_findings(findings, engine.clone(), FindingSource::Probe));
-        prober.start();
-    }
+) -> Option<tokio::task::JoinHandle<()>> {
+    let prober = prober?;
+    let forward = tokio::spawn(forward_findings(findings, engine.clone(), FindingSource::Probe));
+    prober.start();
+    Some(forward)
 }
 
 /// Hands the queue's findings (stragglers, repeated hangs) or the allreduce probe's (slow nodes)

@@ -3,6 +3,12 @@
 //! (a reboot that was done is not repeated, one in flight is not lost), and the restart disturbs
 //! no other node.
 //!
+//! The same with two repairers sharing a PostgreSQL store (`failover_*`): the leader is killed at
+//! each step and the standby takes the lead, resumes the workflow from the store and finishes it
+//! exactly once; the takeover time is printed. The scripted agent reports to whichever repairer
+//! leads, following a standby's 503 to the next repairer as real agents do. Skipped where
+//! PostgreSQL is not installed, unless `FLEETMEND_REQUIRE_POSTGRES=1`.
+//!
 //! The repairer drives the `command` provider, whose reboot command appends the node's name to a
 //! file, and the `memory` scheduler. A scripted agent in this test reports for four nodes every
 //! 200 ms over plain HTTP, turns a node's boot id over once the reboot file names it, and answers
@@ -22,6 +28,7 @@ use fleetmend_proto::{
     CommandResult, EvidenceBundle, EvidenceItem, Finding, RecommendedAction, Report, ReportReply,
     ReportTrigger, Status, Verdict, WIRE_VERSION, command_kind,
 };
+use fleetmend_repairer::testing::PostgresCluster;
 use fleetmend_tests::{Running, free_port, http_get, http_post_json, poll_until, start_repairer};
 use serde_json::Value;
 
@@ -94,20 +101,42 @@ fn node(event: &Value) -> &str {
     event["node"].as_str().unwrap_or_default()
 }
 
-/// One repairer's world: config, store, reboot file, port.
+/// One repairer, or two on a shared store: what is killed and what takes over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// One repairer on SQLite, started again on the same store and port.
+    Restart,
+    /// Two repairers on PostgreSQL; the leader is killed and the standby takes over.
+    Failover,
+}
+
+/// The repairers' world: configs, store, reboot file, ports.
 struct Fleet {
     dir: tempfile::TempDir,
-    listen: SocketAddr,
-    config: PathBuf,
+    /// Each repairer's address; the first leads at the start.
+    listens: Vec<SocketAddr>,
+    configs: Vec<PathBuf>,
     reboots: PathBuf,
     /// The reboot command waits for this file when the kill point needs a reboot in flight.
     reboot_gate: PathBuf,
+    /// The shared store's server (failover).
+    _postgres: Option<PostgresCluster>,
 }
 
+/// How long a failover leader's lease lasts unrenewed.
+const LEASE: Duration = Duration::from_secs(3);
+
 impl Fleet {
-    fn new(kill: KillPoint) -> Fleet {
+    /// `None` when the mode needs PostgreSQL and it is not installed (and not required).
+    fn new(kill: KillPoint, mode: Mode) -> Option<Fleet> {
         let dir = tempfile::tempdir().expect("temp dir");
-        let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let postgres = match mode {
+            Mode::Restart => None,
+            Mode::Failover => Some(PostgresCluster::start()?),
+        };
+        let count = if mode == Mode::Failover { 2 } else { 1 };
+        let listens: Vec<SocketAddr> =
+            (0..count).map(|_| SocketAddr::from(([127, 0, 0, 1], free_port()))).collect();
         let reboots = dir.path().join("reboots");
         let reboot_gate = dir.path().join("reboot-returns");
         // The node name is substituted by the provider (it refuses names that are not plain);
@@ -121,9 +150,18 @@ impl Fleet {
                 reboot_gate.display()
             ));
         }
-        let config = dir.path().join("repairer.toml");
-        let text = format!(
-            r#"listen = "{listen}"
+        let (store, leadership) = match &postgres {
+            None => (dir.path().join("repairer.db").display().to_string(), String::new()),
+            Some(postgres) => (
+                postgres.fresh_database(),
+                format!("[leadership]\nlease = \"{}s\"\npoll = \"200ms\"\n", LEASE.as_secs()),
+            ),
+        };
+        let mut configs = Vec::new();
+        for (i, listen) in listens.iter().enumerate() {
+            let config = dir.path().join(format!("repairer-{i}.toml"));
+            let text = format!(
+                r#"listen = "{listen}"
 store = "{store}"
 scheduler = "memory"
 
@@ -149,22 +187,48 @@ cooldown = "1m"
 kind = "command"
 reboot = ["sh", "-c", {reboot}]
 reboot_timeout = "2m"
-"#,
-            store = dir.path().join("repairer.db").display(),
-            interval = REPORT_INTERVAL.as_millis(),
-            reboot = toml_string(&reboot),
-        );
-        std::fs::write(&config, text).expect("write the repairer config");
-        Fleet { dir, listen, config, reboots, reboot_gate }
+
+{leadership}"#,
+                interval = REPORT_INTERVAL.as_millis(),
+                reboot = toml_string(&reboot),
+            );
+            std::fs::write(&config, text).expect("write the repairer config");
+            configs.push(config);
+        }
+        Some(Fleet { dir, listens, configs, reboots, reboot_gate, _postgres: postgres })
     }
 
-    fn start_repairer(&self) -> Running {
+    /// Starts repairer `i` (stderr to `repairer-I.stderr`) and waits until it answers.
+    fn start_repairer(&self, i: usize) -> Running {
         start_repairer(
-            &self.config,
-            self.listen,
-            &self.dir.path().join("repairer.stderr"),
+            &self.configs[i],
+            self.listens[i],
+            &self.dir.path().join(format!("repairer-{i}.stderr")),
             START_DEADLINE,
         )
+    }
+
+    /// `GET /v1/leader` of repairer `i`.
+    fn leader_view(&self, i: usize) -> Option<Value> {
+        http_get(self.listens[i], "/v1/leader")
+            .filter(|(status, _)| *status == 200)
+            .and_then(|(_, body)| serde_json::from_str(&body).ok())
+    }
+
+    fn leads(&self, i: usize) -> bool {
+        self.leader_view(i).is_some_and(|view| view["role"] == "leader")
+    }
+
+    /// A read from the first repairer that answers it (a standby serves reads from the store).
+    fn read(&self, path: &str) -> Vec<Value> {
+        self.listens
+            .iter()
+            .find_map(|listen| {
+                http_get(*listen, path)
+                    .filter(|(status, _)| *status == 200)
+                    .and_then(|(_, body)| serde_json::from_str::<Vec<Value>>(&body).ok())
+            })
+            .unwrap_or_default()
     }
 
     /// Lines of the reboot file: one node name per reboot issued.
@@ -182,18 +246,12 @@ reboot_timeout = "2m"
 
     /// Every event so far (empty while the repairer does not answer).
     fn events(&self) -> Vec<Value> {
-        http_get(self.listen, "/v1/events?limit=10000")
-            .filter(|(status, _)| *status == 200)
-            .and_then(|(_, body)| serde_json::from_str::<Vec<Value>>(&body).ok())
-            .unwrap_or_default()
+        self.read("/v1/events?limit=10000")
     }
 
     /// Node name → state.
     fn states(&self) -> Vec<(String, String)> {
-        http_get(self.listen, "/v1/nodes")
-            .filter(|(status, _)| *status == 200)
-            .and_then(|(_, body)| serde_json::from_str::<Vec<Value>>(&body).ok())
-            .unwrap_or_default()
+        self.read("/v1/nodes")
             .iter()
             .map(|n| {
                 (
@@ -284,11 +342,11 @@ struct ScriptedAgent {
 }
 
 impl ScriptedAgent {
-    fn start(repairer: SocketAddr, reboots: PathBuf) -> ScriptedAgent {
+    fn start(repairers: Vec<SocketAddr>, reboots: PathBuf) -> ScriptedAgent {
         let shared = Arc::new(Mutex::new(AgentShared::default()));
         let thread = {
             let shared = shared.clone();
-            std::thread::spawn(move || agent_loop(repairer, &reboots, &shared))
+            std::thread::spawn(move || agent_loop(&repairers, &reboots, &shared))
         };
         ScriptedAgent { shared, thread: Some(thread) }
     }
@@ -336,8 +394,10 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-fn agent_loop(repairer: SocketAddr, reboots: &Path, shared: &Mutex<AgentShared>) {
+fn agent_loop(repairers: &[SocketAddr], reboots: &Path, shared: &Mutex<AgentShared>) {
     let lock = || shared.lock().unwrap_or_else(PoisonError::into_inner);
+    // The repairer reports go to; a failed post (down, or a standby's 503) moves to the next.
+    let mut current = 0;
     let mut nodes: Vec<SimulatedNode> = NODES
         .iter()
         .map(|name| SimulatedNode {
@@ -408,8 +468,11 @@ fn agent_loop(repairer: SocketAddr, reboots: &Path, shared: &Mutex<AgentShared>)
                 metrics_port: None,
             };
             let body = serde_json::to_string(&report).expect("serialize a report");
-            let Some((200, reply)) = http_post_json(repairer, "/v1/reports", &body) else {
-                // The repairer is down or refused it: the results travel in the next report.
+            let Some((200, reply)) = http_post_json(repairers[current], "/v1/reports", &body)
+            else {
+                // The repairer is down, a standby or refused it: the results travel in the next
+                // report, to the next repairer.
+                current = (current + 1) % repairers.len();
                 continue;
             };
             node.results.clear();
@@ -471,12 +534,26 @@ fn agent_loop(repairer: SocketAddr, reboots: &Path, shared: &Mutex<AgentShared>)
     }
 }
 
-/// Runs the reboot workflow for Xid 79 on n1, kills the repairer with SIGKILL at `kill`, starts it
-/// again on the same store and port, and checks the workflow finished once with one reboot.
-fn kill_and_resume(kill: KillPoint) {
-    let fleet = Fleet::new(kill);
-    let mut repairer = fleet.start_repairer();
-    let agent = ScriptedAgent::start(fleet.listen, fleet.reboots.clone());
+/// Runs the reboot workflow for Xid 79 on n1, kills the repairer (the leader) with SIGKILL at
+/// `kill`, starts it again on the same store and port (or lets the standby take over), and checks
+/// the workflow finished once with one reboot.
+fn kill_and_resume(kill: KillPoint, mode: Mode) {
+    let Some(fleet) = Fleet::new(kill, mode) else { return };
+    let mut repairer = fleet.start_repairer(0);
+    let standby = (mode == Mode::Failover).then(|| {
+        assert!(
+            poll_until(START_DEADLINE, || fleet.leads(0)),
+            "the first repairer did not take the lead: {:?}\n{}",
+            fleet.leader_view(0),
+            repairer.stderr()
+        );
+        let standby = fleet.start_repairer(1);
+        let view = fleet.leader_view(1).expect("the standby answers /v1/leader");
+        assert_eq!(view["role"], "standby", "{view:#}");
+        assert_eq!(view["leader"], format!("http://{}", fleet.listens[0]), "{view:#}");
+        standby
+    });
+    let agent = ScriptedAgent::start(fleet.listens.clone(), fleet.reboots.clone());
 
     // The fleet as it is before the fault: every node known and healthy for a while.
     assert!(
@@ -504,6 +581,7 @@ fn kill_and_resume(kill: KillPoint) {
     );
     let step_at_kill = fleet.last_step();
     repairer.child.kill().expect("SIGKILL the repairer");
+    let killed_at = Instant::now();
     repairer.child.wait().expect("reap the repairer");
     let reboots_at_kill = fleet.reboots();
     match kill {
@@ -521,7 +599,24 @@ fn kill_and_resume(kill: KillPoint) {
         c.hold_reboot = false;
         c.hold_deep_check = false;
     });
-    let repairer = fleet.start_repairer();
+    let repairer = match standby {
+        None => fleet.start_repairer(0),
+        Some(standby) => {
+            // Within the lease, with a margin for a loaded machine.
+            let limit = LEASE * 2 + Duration::from_secs(5);
+            assert!(
+                poll_until(limit, || fleet.leads(1)),
+                "{kill:?}: the standby did not take the lead within {limit:?}: {:?}\n{}",
+                fleet.leader_view(1),
+                standby.stderr()
+            );
+            println!(
+                "{kill:?}: the standby leads {:.2} s after the leader was killed (lease {LEASE:?})",
+                killed_at.elapsed().as_secs_f64()
+            );
+            standby
+        }
+    };
 
     let finished = |events: &[Value]| {
         events
@@ -597,29 +692,161 @@ fn kill_and_resume(kill: KillPoint) {
     for (name, state) in fleet.states() {
         assert_eq!(state, "healthy", "{kill:?}: {name} after the repair");
     }
+    if mode == Mode::Failover {
+        assert_epochs_do_not_interleave(&events, kill);
+    }
+}
+
+/// Every event of a shared store names the epoch it was written under; epochs only grow along the
+/// log (no write of an older leader after a newer one's), and the takeover is one
+/// `leader-changed` event per epoch.
+fn assert_epochs_do_not_interleave(events: &[Value], kill: KillPoint) {
+    let epochs: Vec<i64> = events
+        .iter()
+        .map(|e| {
+            e["epoch"]
+                .as_i64()
+                .unwrap_or_else(|| panic!("{kill:?}: an event without its epoch: {e:#}"))
+        })
+        .collect();
+    assert!(
+        epochs.windows(2).all(|w| w[0] <= w[1]),
+        "{kill:?}: epochs interleave in the log: {epochs:?}"
+    );
+    let changes: Vec<i64> = events
+        .iter()
+        .filter(|e| kind(e) == "leader-changed")
+        .map(|e| e["epoch"].as_i64().unwrap())
+        .collect();
+    assert_eq!(changes, [1, 2], "{kill:?}: one leader-changed per epoch");
 }
 
 #[test]
 fn killed_right_after_the_decision_the_workflow_completes_once() {
-    kill_and_resume(KillPoint::AfterDecision);
+    kill_and_resume(KillPoint::AfterDecision, Mode::Restart);
 }
 
 #[test]
 fn killed_after_the_drain_the_workflow_completes_once() {
-    kill_and_resume(KillPoint::AfterDrain);
+    kill_and_resume(KillPoint::AfterDrain, Mode::Restart);
 }
 
 #[test]
 fn killed_while_the_reboot_command_runs_the_reboot_is_awaited_not_repeated() {
-    kill_and_resume(KillPoint::RebootInFlight);
+    kill_and_resume(KillPoint::RebootInFlight, Mode::Restart);
 }
 
 #[test]
 fn killed_while_awaiting_the_boot_the_reboot_is_not_repeated() {
-    kill_and_resume(KillPoint::AwaitingBoot);
+    kill_and_resume(KillPoint::AwaitingBoot, Mode::Restart);
 }
 
 #[test]
 fn killed_while_the_deep_check_is_unanswered_validation_completes_once() {
-    kill_and_resume(KillPoint::Validating);
+    kill_and_resume(KillPoint::Validating, Mode::Restart);
+}
+
+#[test]
+fn failover_leader_killed_right_after_the_decision_the_standby_completes_once() {
+    kill_and_resume(KillPoint::AfterDecision, Mode::Failover);
+}
+
+#[test]
+fn failover_leader_killed_after_the_drain_the_standby_completes_once() {
+    kill_and_resume(KillPoint::AfterDrain, Mode::Failover);
+}
+
+#[test]
+fn failover_leader_killed_while_the_reboot_command_runs_the_reboot_is_not_repeated() {
+    kill_and_resume(KillPoint::RebootInFlight, Mode::Failover);
+}
+
+#[test]
+fn failover_leader_killed_while_awaiting_the_boot_the_reboot_is_not_repeated() {
+    kill_and_resume(KillPoint::AwaitingBoot, Mode::Failover);
+}
+
+#[test]
+fn failover_leader_killed_while_the_deep_check_is_unanswered_validation_completes_once() {
+    kill_and_resume(KillPoint::Validating, Mode::Failover);
+}
+
+/// Sends `signal` (`STOP`, `CONT`) to `process`.
+fn signal(process: &Running, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(process.child.id().to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal} failed");
+}
+
+/// The leader stopped (SIGSTOP) past its lease while its workflow waits in the settle window: the
+/// standby takes the lead and finishes the repair; the old leader, continued (SIGCONT), has its
+/// writes refused, steps down and exits with status 75, and the node was rebooted once.
+#[test]
+fn failover_a_paused_leader_is_fenced_when_it_wakes_and_steps_down() {
+    let kill = KillPoint::AfterDrain;
+    let Some(fleet) = Fleet::new(kill, Mode::Failover) else { return };
+    let mut leader = fleet.start_repairer(0);
+    assert!(poll_until(START_DEADLINE, || fleet.leads(0)), "no leader:\n{}", leader.stderr());
+    let standby = fleet.start_repairer(1);
+    let agent = ScriptedAgent::start(fleet.listens.clone(), fleet.reboots.clone());
+    assert!(
+        poll_until(STEP_DEADLINE, || fleet.states().iter().filter(|(_, s)| s == "healthy").count()
+            == NODES.len()),
+        "the four nodes did not show up healthy: {:?}",
+        fleet.states()
+    );
+    agent.control(|c| c.xid = true);
+    assert!(
+        poll_until(STEP_DEADLINE, || kill.reached(&fleet, &agent)),
+        "the workflow did not reach the settle window (last step {})\n{}",
+        fleet.last_step(),
+        leader.stderr()
+    );
+    signal(&leader, "STOP");
+    let stopped_at = Instant::now();
+    let limit = LEASE * 2 + Duration::from_secs(5);
+    assert!(
+        poll_until(limit, || fleet.leads(1)),
+        "the standby did not take the lead from the stopped leader within {limit:?}\n{}",
+        standby.stderr()
+    );
+    println!(
+        "the standby leads {:.2} s after the leader stopped",
+        stopped_at.elapsed().as_secs_f64()
+    );
+    let finished = || {
+        fleet.events().iter().filter(|e| kind(e) == "repair-finished" && node(e) == SICK).count()
+    };
+    assert!(
+        poll_until(FINISH_DEADLINE, || finished() == 1
+            && fleet.state_of(SICK).as_deref() == Some("healthy")),
+        "the new leader did not finish the repair (last step {})\n{}",
+        fleet.last_step(),
+        standby.stderr()
+    );
+
+    // The old leader wakes with its workflow past the settle window and its lease long gone.
+    signal(&leader, "CONT");
+    let mut exited = None;
+    assert!(
+        poll_until(STEP_DEADLINE, || {
+            exited = leader.child.try_wait().ok().flatten();
+            exited.is_some()
+        }),
+        "the woken leader did not step down\n{}",
+        leader.stderr()
+    );
+    assert_eq!(exited.and_then(|s| s.code()), Some(75), "{}", leader.stderr());
+    assert!(leader.stderr().contains("no longer leads"), "{}", leader.stderr());
+    agent.wait_rounds(15);
+    assert_eq!(fleet.reboots(), [SICK], "rebooted once, by the new leader only");
+    assert_eq!(finished(), 1, "one repair-finished");
+    let events = fleet.events();
+    let decisions = events.iter().filter(|e| kind(e) == "decision" && node(e) == SICK).count();
+    assert_eq!(decisions, 1, "one decision");
+    assert_epochs_do_not_interleave(&events, kill);
+    assert!(fleet.leads(1), "the standby still leads");
 }

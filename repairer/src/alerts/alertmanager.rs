@@ -89,7 +89,12 @@ impl AlertmanagerFormat {
         // A node outside the inventory stays unknown whatever its state: its own event clears it.
         let mut node_alertnames: Vec<String> = kinds
             .iter()
-            .filter(|kind| !matches!(kind, EventKind::Breaker | EventKind::NodeUnknown))
+            .filter(|kind| {
+                !matches!(
+                    kind,
+                    EventKind::Breaker | EventKind::NodeUnknown | EventKind::LeaderChanged
+                )
+            })
             .map(|kind| alertname(*kind))
             .collect();
         node_alertnames.sort();

@@ -98,13 +98,15 @@ impl Default for SinkConfig {
 
 /// The event kinds a sink sends unless told otherwise: what a person on call acts on (a node
 /// reporting from outside the inventory is one: a mistyped inventory, or a credential in use by
-/// something that is not a node of the fleet).
-pub const DEFAULT_KINDS: [EventKind; 5] = [
+/// something that is not a node of the fleet), and so is a repairer taking the lead from one that
+/// stopped renewing its lease.
+pub const DEFAULT_KINDS: [EventKind; 6] = [
     EventKind::StateChanged,
     EventKind::RepairFinished,
     EventKind::Breaker,
     EventKind::ActionHeld,
     EventKind::NodeUnknown,
+    EventKind::LeaderChanged,
 ];
 
 /// The default topic of `cloudwatch` sinks.

@@ -314,6 +314,10 @@ pub(crate) fn summary(event: &Event) -> String {
         EventKind::NodeUnknown => format!("node {node} reports but is not in the inventory"),
         EventKind::Breaker if clear => "repair breaker closed: automatic repairs resume".to_owned(),
         EventKind::Breaker => "repair breaker open: automatic repairs stopped".to_owned(),
+        EventKind::LeaderChanged if clear => "a repairer took the lead".to_owned(),
+        EventKind::LeaderChanged => {
+            "a repairer took the lead after the leader stopped renewing its lease".to_owned()
+        }
         kind => format!("{} on {node}", kind.as_str()),
     }
 }

@@ -26,6 +26,7 @@ use crate::alerts::Alerts;
 use crate::config::Tokens;
 use crate::engine::{Engine, EngineError, NodeRecord};
 use crate::inbound::InboundConfig;
+use crate::leadership::Leadership;
 use crate::limits::Caller;
 use crate::model::{Event, RuleAction};
 use crate::workflow::{KeptEvidence, Workflow};
@@ -39,6 +40,7 @@ mod body;
 use alerts::*;
 mod jobs;
 use jobs::*;
+mod leader;
 pub mod openapi;
 mod rejections;
 mod throttle;
@@ -49,22 +51,69 @@ pub struct ApiState {
     /// The embedded job queue, when `scheduler = "embedded"`.
     pub queue: Option<Arc<crate::queue::JobQueue>>,
     pub alerts: Option<Arc<Alerts>>,
+    /// This repairer's place among those sharing its store (PostgreSQL); `None` on SQLite, where
+    /// it always leads.
+    pub leadership: Option<Arc<Leadership>>,
+    /// What is kept while the parts above are built again (a standby's, then the leader's).
+    pub shared: ApiShared,
+}
+
+/// The API's credentials, counters and rate limits: made once per process and kept when its
+/// parts are built again.
+#[derive(Clone)]
+pub struct ApiShared {
     pub tokens: Tokens,
     /// Per-node identity (`node_tokens_file`): a report only with its node's own token.
     pub node_tokens: Option<Arc<crate::identity::NodeTokens>>,
     pub inbound: InboundConfig,
     pub max_body_bytes: usize,
     /// `fleetmend_reports_received_total{outcome}`.
-    pub reports: ReportCounters,
+    pub reports: Arc<ReportCounters>,
     /// `fleetmend_api_refused_total{status}`: requests other than reports refused for their
     /// credential.
-    pub refused: RefusedCounters,
+    pub refused: Arc<RefusedCounters>,
     /// SNS subscription confirmations waiting for an operator.
-    pub subscriptions: Mutex<Vec<Subscription>>,
+    pub subscriptions: Arc<Mutex<Vec<Subscription>>>,
     /// Each caller's rate (`[rate_limits]`).
-    pub limits: crate::limits::RateLimits,
+    pub limits: Arc<crate::limits::RateLimits>,
     /// The listener's connection counts, for `/metrics`.
     pub listener: Arc<fleetmend_listener::ListenerStats>,
+}
+
+impl ApiShared {
+    pub fn new(
+        config: &crate::config::RepairerConfig,
+        tokens: Tokens,
+        node_tokens: Option<Arc<crate::identity::NodeTokens>>,
+    ) -> ApiShared {
+        ApiShared {
+            tokens,
+            node_tokens,
+            inbound: config.inbound.clone(),
+            max_body_bytes: config.max_body_bytes,
+            reports: Arc::default(),
+            refused: Arc::default(),
+            subscriptions: Arc::default(),
+            limits: Arc::new(crate::limits::RateLimits::new(&config.rate_limits)),
+            listener: Arc::default(),
+        }
+    }
+}
+
+impl std::fmt::Debug for ApiShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiShared")
+            .field("max_body_bytes", &self.max_body_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::ops::Deref for ApiState {
+    type Target = ApiShared;
+
+    fn deref(&self) -> &ApiShared {
+        &self.shared
+    }
 }
 
 impl std::fmt::Debug for ApiState {
@@ -169,6 +218,7 @@ pub(crate) fn routes() -> OpenApiRouter<Arc<ApiState>> {
         .routes(routes!(openapi))
         .routes(routes!(metrics))
         .routes(routes!(healthz))
+        .routes(routes!(leader_view))
 }
 
 pub fn router(state: Arc<ApiState>) -> Router {
@@ -179,6 +229,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .method_not_allowed_fallback(rejections::method_not_allowed)
         .fallback(rejections::no_route)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), leader::writes_to_the_leader))
         .layer(axum::middleware::from_fn_with_state(state.clone(), throttle::by_caller))
         .with_state(state)
 }
@@ -685,6 +736,24 @@ async fn subscriptions(
 
 #[utoipa::path(
     get,
+    path = "/v1/leader",
+    summary = "Which repairer leads the shared store, its epoch and when its lease ends (a repairer on SQLite always leads). A standby answers every other write 503 with Retry-After and the leader's URL in Fleetmend-Leader and the body",
+    responses(
+        (status = 200, description = "the leader", body = crate::leadership::LeaderView),
+        crate::api::openapi::OpenRefused
+    ),
+    security(()),
+    extensions(("x-fleetmend-role" = json!("none")))
+)]
+async fn leader_view(State(state): State<Arc<ApiState>>, headers: HeaderMap) -> Response {
+    // On SQLite, this repairer as the client reached it.
+    let this =
+        headers.get(header::HOST).and_then(|h| h.to_str().ok()).map(|h| format!("http://{h}"));
+    axum::Json(leader::view(&state, this)).into_response()
+}
+
+#[utoipa::path(
+    get,
     path = "/v1/openapi.json",
     summary = "This document",
     responses(
@@ -756,6 +825,7 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
         listener: &state.listener,
         inventory: state.engine.inventory().map(|i| i.figures()),
         nodes_unknown: state.engine.unknown_count(),
+        leader: leader::view(&state, None),
     });
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
 }

@@ -23,9 +23,9 @@ mod postgres;
 mod sqlite;
 
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -65,6 +65,11 @@ pub enum StoreError {
          {newer}"
     )]
     Fenced { operation: &'static str, epoch: i64, newer: i64 },
+    #[error(
+        "store {operation} refused: this repairer does not lead (a standby, or its lease was not \
+         renewed in time)"
+    )]
+    NotLeader { operation: &'static str },
     #[error("store location: {0}")]
     Location(#[from] LocationError),
 }
@@ -168,6 +173,47 @@ pub struct Store {
     backend: Arc<dyn StoreBackend>,
     /// The epoch this store's writes are fenced with; 0 for none (epochs start at 1).
     fence: Arc<AtomicI64>,
+    /// Whether this repairer may write at all, and until when (see [`Store::allow_writes_until`]).
+    writes: Arc<WriteGate>,
+}
+
+/// This repairer's own check before a write reaches the database: a standby writes nothing, and
+/// a leader nothing past the moment its lease could have lapsed unrenewed.
+#[derive(Debug, Default)]
+struct WriteGate {
+    /// Set on a standby and on a leader stepping down.
+    closed: AtomicBool,
+    /// The leader's writes stop at this instant (monotonic: a process stopped with SIGSTOP finds
+    /// it passed when it runs again). `None`: no deadline (one repairer on its own store).
+    until: Mutex<Option<Instant>>,
+    /// The first write the database refused for a newer epoch.
+    fenced: tokio::sync::watch::Sender<Option<String>>,
+}
+
+impl WriteGate {
+    /// Passes a write's result on; a refusal for a newer epoch closes the gate and is told to
+    /// whoever waits in [`Store::fenced`].
+    fn passed<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(err @ StoreError::Fenced { .. }) = &result {
+            self.closed.store(true, Ordering::SeqCst);
+            let text = err.to_string();
+            self.fenced.send_if_modified(|first| first.is_none() && first.replace(text).is_none());
+        }
+        result
+    }
+
+    fn check(&self, operation: &'static str) -> Result<(), StoreError> {
+        let lapsed = || {
+            self.until
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_some_and(|until| Instant::now() >= until)
+        };
+        if self.closed.load(Ordering::SeqCst) || lapsed() {
+            return Err(StoreError::NotLeader { operation });
+        }
+        Ok(())
+    }
 }
 
 fn json(operation: &'static str) -> impl FnOnce(serde_json::Error) -> StoreError {
@@ -204,7 +250,43 @@ impl Store {
     }
 
     pub fn from_backend(backend: impl StoreBackend + 'static) -> Store {
-        Store { backend: Arc::new(backend), fence: Arc::new(AtomicI64::new(0)) }
+        Store {
+            backend: Arc::new(backend),
+            fence: Arc::new(AtomicI64::new(0)),
+            writes: Arc::default(),
+        }
+    }
+
+    /// Refuses every write from now on ([`StoreError::NotLeader`]): a standby's store, or a
+    /// leader's that steps down. Reads go on.
+    pub fn close_writes(&self) {
+        self.writes.closed.store(true, Ordering::SeqCst);
+    }
+
+    /// Lets writes through until `until` (a leader's lease, renewed), and none after it.
+    pub fn allow_writes_until(&self, until: Instant) {
+        *self.writes.until.lock().unwrap_or_else(PoisonError::into_inner) = Some(until);
+        self.writes.closed.store(false, Ordering::SeqCst);
+    }
+
+    /// Resolves once the database refused one of this store's writes for a newer epoch (another
+    /// repairer leads), with the refusal's text.
+    pub async fn fenced(&self) -> String {
+        let mut fenced = self.writes.fenced.subscribe();
+        loop {
+            if let Some(text) = fenced.borrow_and_update().clone() {
+                return text;
+            }
+            if fenced.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Whether a write would be let through now (by this repairer; the database may still refuse
+    /// it for a newer epoch).
+    pub fn writes_open(&self) -> bool {
+        self.writes.check("check").is_ok()
     }
 
     /// The epoch this store's writes are fenced with, if any.
@@ -249,16 +331,25 @@ impl Store {
 
     /// Appends `event` to the audit log and returns its id.
     pub fn append_event(&self, event: &Event) -> Result<i64, StoreError> {
+        self.writes.check("append event")?;
+        // The event names the epoch it was written under (the audit trail shows which leader did
+        // what); the database checks the same epoch.
+        let fenced;
+        let event = match self.fence() {
+            Some(epoch) => {
+                fenced = Event { epoch: Some(epoch), ..event.clone() };
+                &fenced
+            }
+            None => event,
+        };
         let body = serde_json::to_string(event).map_err(json("append event"))?;
-        self.backend.append_event(
-            EventRow {
-                at_ms: event.at_ms as i64,
-                kind: event.kind.as_str(),
-                node: event.node.as_deref(),
-                body: &body,
-            },
-            self.fence(),
-        )
+        let row = EventRow {
+            at_ms: event.at_ms as i64,
+            kind: event.kind.as_str(),
+            node: event.node.as_deref(),
+            body: &body,
+        };
+        self.writes.passed(self.backend.append_event(row, self.fence()))
     }
 
     /// Events with an id above `after`, oldest first, optionally of one node, at most `limit`.
@@ -290,8 +381,9 @@ impl Store {
         state: &str,
         node: &T,
     ) -> Result<(), StoreError> {
+        self.writes.check("save node")?;
         let body = serde_json::to_string(node).map_err(json("save node"))?;
-        self.backend.put_node(name, state, &body, self.fence())
+        self.writes.passed(self.backend.put_node(name, state, &body, self.fence()))
     }
 
     /// Every node document.
@@ -305,8 +397,9 @@ impl Store {
         node: &str,
         workflow: &T,
     ) -> Result<i64, StoreError> {
+        self.writes.check("create workflow")?;
         let body = serde_json::to_string(workflow).map_err(json("create workflow"))?;
-        self.backend.insert_workflow(node, &body, self.fence())
+        self.writes.passed(self.backend.insert_workflow(node, &body, self.fence()))
     }
 
     /// Replaces workflow `id`'s document; `open = false` once it finished.
@@ -316,8 +409,9 @@ impl Store {
         open: bool,
         workflow: &T,
     ) -> Result<(), StoreError> {
+        self.writes.check("update workflow")?;
         let body = serde_json::to_string(workflow).map_err(json("update workflow"))?;
-        self.backend.update_workflow(id, open, &body, self.fence())
+        self.writes.passed(self.backend.update_workflow(id, open, &body, self.fence()))
     }
 
     /// Every workflow not finished yet, oldest first.
@@ -343,8 +437,9 @@ impl Store {
     }
 
     pub fn put_setting<T: Serialize>(&self, key: &str, value: &T) -> Result<(), StoreError> {
+        self.writes.check("save setting")?;
         let body = serde_json::to_string(value).map_err(json("save setting"))?;
-        self.backend.put_setting(key, &body, self.fence())
+        self.writes.passed(self.backend.put_setting(key, &body, self.fence()))
     }
 
     /// Saves a job document (the embedded queue's) under `id`.
@@ -355,8 +450,9 @@ impl Store {
         state: &str,
         job: &T,
     ) -> Result<(), StoreError> {
+        self.writes.check("save job")?;
         let body = serde_json::to_string(job).map_err(json("save job"))?;
-        self.backend.put_job(id, seq, state, &body, self.fence())
+        self.writes.passed(self.backend.put_job(id, seq, state, &body, self.fence()))
     }
 
     /// Every job document, in submission order.
@@ -374,9 +470,10 @@ impl Store {
         evidence: &T,
         keep: usize,
     ) -> Result<(), StoreError> {
+        self.writes.check("keep evidence")?;
         let body = serde_json::to_string(evidence).map_err(json("keep evidence"))?;
-        self.backend
-            .put_evidence(EvidenceRow { workflow, node, command, body: &body, keep }, self.fence())
+        let row = EvidenceRow { workflow, node, command, body: &body, keep };
+        self.writes.passed(self.backend.put_evidence(row, self.fence()))
     }
 
     /// The evidence kept for `node`, newest first, at most `limit`.

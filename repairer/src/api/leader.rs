@@ -1,0 +1,54 @@
+//! Leadership on the API: `GET /v1/leader`, and a standby's answer to every write — 503 with
+//! `Retry-After`, the leader's URL in `Fleetmend-Leader` and the body, which agents and the CLI
+//! follow to the leader ([`crate::leadership`]).
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use fleetmend_proto::repairers::LEADER_HEADER;
+
+use super::ApiState;
+use crate::leadership::{LeaderView, Role};
+
+/// The middleware: on a repairer that does not lead, every request but a read is answered with
+/// the leader's address and changes nothing.
+pub(super) async fn writes_to_the_leader(
+    State(state): State<Arc<ApiState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let read = matches!(*request.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    match &state.leadership {
+        Some(leadership) if !read && leadership.role() != Role::Leader => {
+            let leader = leadership.leader_elsewhere();
+            let error = match &leader {
+                Some(url) => {
+                    format!("this repairer is a standby: send writes to the leader, {url}")
+                }
+                None => "this repairer is a standby and no repairer leads right now: try again"
+                    .to_owned(),
+            };
+            let body = serde_json::json!({ "error": error, "leader": leader });
+            let mut response = (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
+            let retry = leadership.config().poll.as_secs().max(1);
+            let headers = response.headers_mut();
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(retry));
+            if let Some(value) = leader.and_then(|url| HeaderValue::from_str(&url).ok()) {
+                headers.insert(LEADER_HEADER, value);
+            }
+            response
+        }
+        _ => next.run(request).await,
+    }
+}
+
+/// Who leads: on SQLite this repairer, always.
+pub(super) fn view(state: &ApiState, this: Option<String>) -> LeaderView {
+    match &state.leadership {
+        Some(leadership) => leadership.view(),
+        None => LeaderView::alone(this.unwrap_or_default()),
+    }
+}
