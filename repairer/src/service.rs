@@ -517,9 +517,10 @@ impl Election {
         let mut tasks = tasks;
         if leadership.role() == Role::Standby {
             let mut seen = shared.events.store().newest_event_id().unwrap_or(0);
-            let mut built_at = std::time::Instant::now();
+            let clock = shared.clock.clone();
+            let mut built_at = clock.now_ms();
             loop {
-                tokio::time::sleep(config.leadership.poll).await;
+                clock.sleep(config.leadership.poll).await;
                 match leadership.try_lead().await {
                     Ok(Some(taken)) => {
                         match Led::start(&config, &shared, inventory.clone(), Some(taken)).await {
@@ -539,12 +540,14 @@ impl Election {
                     Err(err) => tracing::warn!(error = %err, "reading the leadership lease failed"),
                 }
                 let newest = shared.events.store().newest_event_id().unwrap_or(seen);
-                if newest != seen || built_at.elapsed() >= STANDBY_REBUILD {
+                let stale =
+                    clock.now_ms().saturating_sub(built_at) >= STANDBY_REBUILD.as_millis() as u64;
+                if newest != seen || stale {
                     match Led::standby(&config, &shared, inventory.clone()) {
                         Ok(led) => {
                             let state = api_state(&led, &shared, Some(leadership.clone()));
                             switch.set(api::router(state));
-                            (seen, built_at) = (newest, std::time::Instant::now());
+                            (seen, built_at) = (newest, clock.now_ms());
                         }
                         Err(err) => {
                             tracing::warn!(error = %err, "reading the store for a standby's answers failed")

@@ -46,6 +46,7 @@ const INTENDED: &[(&str, &str, &str)] = &[
     ("get", "/v1/jobs/{id}", "read"),
     ("post", "/v1/jobs/{id}/cancel", "operator"),
     ("post", "/v1/jobs/{id}/progress", "rank"),
+    ("get", "/v1/leader", "none"),
     ("get", "/v1/openapi.json", "none"),
     ("get", "/metrics", "none"),
     ("get", "/healthz", "none"),

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
+use axum::http::HeaderMap;
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -51,4 +52,25 @@ pub(super) fn view(state: &ApiState, this: Option<String>) -> LeaderView {
         Some(leadership) => leadership.view(),
         None => LeaderView::alone(this.unwrap_or_default()),
     }
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/leader",
+    summary = "Which repairer leads the shared store, its epoch and when its lease ends (a repairer on SQLite always leads). A standby answers every other write 503 with Retry-After and the leader's URL in Fleetmend-Leader and the body",
+    responses(
+        (status = 200, description = "the leader", body = crate::leadership::LeaderView),
+        crate::api::openapi::OpenRefused
+    ),
+    security(()),
+    extensions(("x-fleetmend-role" = json!("none")))
+)]
+pub(super) async fn leader_view(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+) -> Response {
+    // On SQLite, this repairer as the client reached it.
+    let this =
+        headers.get(header::HOST).and_then(|h| h.to_str().ok()).map(|h| format!("http://{h}"));
+    axum::Json(view(&state, this)).into_response()
 }

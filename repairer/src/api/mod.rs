@@ -41,6 +41,7 @@ use alerts::*;
 mod jobs;
 use jobs::*;
 mod leader;
+mod metrics;
 pub mod openapi;
 mod rejections;
 mod throttle;
@@ -216,9 +217,9 @@ pub(crate) fn routes() -> OpenApiRouter<Arc<ApiState>> {
         .routes(routes!(cancel_job))
         .routes(routes!(job_progress))
         .routes(routes!(openapi))
-        .routes(routes!(metrics))
+        .routes(routes!(metrics::metrics))
         .routes(routes!(healthz))
-        .routes(routes!(leader_view))
+        .routes(routes!(leader::leader_view))
 }
 
 pub fn router(state: Arc<ApiState>) -> Router {
@@ -736,24 +737,6 @@ async fn subscriptions(
 
 #[utoipa::path(
     get,
-    path = "/v1/leader",
-    summary = "Which repairer leads the shared store, its epoch and when its lease ends (a repairer on SQLite always leads). A standby answers every other write 503 with Retry-After and the leader's URL in Fleetmend-Leader and the body",
-    responses(
-        (status = 200, description = "the leader", body = crate::leadership::LeaderView),
-        crate::api::openapi::OpenRefused
-    ),
-    security(()),
-    extensions(("x-fleetmend-role" = json!("none")))
-)]
-async fn leader_view(State(state): State<Arc<ApiState>>, headers: HeaderMap) -> Response {
-    // On SQLite, this repairer as the client reached it.
-    let this =
-        headers.get(header::HOST).and_then(|h| h.to_str().ok()).map(|h| format!("http://{h}"));
-    axum::Json(leader::view(&state, this)).into_response()
-}
-
-#[utoipa::path(
-    get,
     path = "/v1/openapi.json",
     summary = "This document",
     responses(
@@ -784,48 +767,4 @@ async fn openapi() -> Response {
 )]
 async fn healthz() -> &'static str {
     "ok\n"
-}
-
-#[utoipa::path(
-    get,
-    path = "/metrics",
-    summary = "Prometheus metrics",
-    responses(
-        (status = 200, description = "text format 0.0.4", body = String, content_type = "text/plain; version=0.0.4; charset=utf-8"),
-        crate::api::openapi::OpenRefused
-    ),
-    security(()),
-    extensions(("x-fleetmend-role" = json!("none")))
-)]
-async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
-    let mut outcomes = BTreeMap::new();
-    outcomes.insert("ok", state.reports.ok.load(Ordering::Relaxed));
-    outcomes.insert("malformed", state.reports.malformed.load(Ordering::Relaxed));
-    outcomes.insert("unauthorized", state.reports.unauthorized.load(Ordering::Relaxed));
-    outcomes.insert("forbidden", state.reports.forbidden.load(Ordering::Relaxed));
-    if state.engine.inventory().is_some() {
-        let reports = &state.reports;
-        outcomes.insert("unknown_refused", reports.unknown_refused.load(Ordering::Relaxed));
-        outcomes.insert("unknown_admitted", reports.unknown_admitted.load(Ordering::Relaxed));
-    }
-    outcomes.insert("error", state.reports.failed.load(Ordering::Relaxed));
-    let refused = [
-        ("401", state.refused.unauthorized.load(Ordering::Relaxed)),
-        ("403", state.refused.forbidden.load(Ordering::Relaxed)),
-        ("429", state.refused.throttled.load(Ordering::Relaxed)),
-    ];
-    let body = crate::exposition::encode(&crate::exposition::Snapshot {
-        node_states: state.engine.state_counts(),
-        breaker_open: state.engine.breaker().open,
-        metrics: &state.engine.metrics,
-        alerts: state.alerts.as_deref(),
-        reports: &outcomes,
-        refused: &refused,
-        queue: state.queue.as_ref().map(|q| q.metrics()),
-        listener: &state.listener,
-        inventory: state.engine.inventory().map(|i| i.figures()),
-        nodes_unknown: state.engine.unknown_count(),
-        leader: leader::view(&state, None),
-    });
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
 }

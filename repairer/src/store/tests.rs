@@ -324,18 +324,27 @@ fn postgres_lease_passes_on_expiry_and_fences_the_old_holder() {
     assert_eq!(a.current_lease().unwrap().map(|l| l.holder), Some("b".to_owned()));
 
     // Every write of a's that records or starts an action is refused, and nothing of it stored.
-    let fenced = |result: Result<(), StoreError>| match result {
-        Err(StoreError::Fenced { epoch: 1, newer: 2, .. }) => {}
-        other => panic!("not fenced: {other:?}"),
+    // Each write is let through a's own gate (as a leader's that has not yet seen its lease
+    // lapse would), so that the database's fence is what refuses it; each refusal closes the gate.
+    let far = || Instant::now() + Duration::from_secs(60);
+    let fenced = |write: &dyn Fn() -> Result<(), StoreError>| {
+        a.allow_writes_until(far());
+        match write() {
+            Err(StoreError::Fenced { epoch: 1, newer: 2, .. }) => {}
+            other => panic!("not fenced: {other:?}"),
+        }
+        assert!(!a.writes_open(), "a fenced write closes the gate");
     };
     let doc = serde_json::json!({"by": "a"});
-    fenced(a.append_event(&event("n1", "stale")).map(drop));
-    fenced(a.put_node("n1", "draining", &doc));
-    fenced(a.insert_workflow("n1", &doc).map(drop));
-    fenced(a.update_workflow(1, false, &doc));
-    fenced(a.put_setting("k", &doc));
-    fenced(a.put_job("j-1", 1, "queued", &doc));
-    fenced(a.put_evidence(1, "n1", "evidence-1-reboot", &doc, 3));
+    fenced(&|| a.append_event(&event("n1", "stale")).map(drop));
+    fenced(&|| a.put_node("n1", "draining", &doc));
+    fenced(&|| a.insert_workflow("n1", &doc).map(drop));
+    fenced(&|| a.update_workflow(1, false, &doc));
+    fenced(&|| a.put_setting("k", &doc));
+    fenced(&|| a.put_job("j-1", 1, "queued", &doc));
+    fenced(&|| a.put_evidence(1, "n1", "evidence-1-reboot", &doc, 3));
+    let closed = a.append_event(&event("n1", "gate closed")).unwrap_err();
+    assert!(matches!(closed, StoreError::NotLeader { .. }), "{closed:?}");
     let reasons: Vec<String> =
         b.events(0, None, 10).unwrap().into_iter().map(|e| e.reason).collect();
     assert_eq!(reasons, ["by a"]);
@@ -354,6 +363,7 @@ fn postgres_lease_passes_on_expiry_and_fences_the_old_holder() {
     assert_eq!(b.current_lease().unwrap(), None);
     let third = a.acquire("a", Duration::from_secs(60)).unwrap().expect("a released lease");
     assert_eq!(third.epoch, 3);
+    a.allow_writes_until(far());
     a.append_event(&event("n1", "by a again")).unwrap();
     let err = b.append_event(&event("n1", "stale b")).unwrap_err();
     assert!(matches!(err, StoreError::Fenced { epoch: 2, newer: 3, .. }), "{err:?}");

@@ -16,7 +16,14 @@ fn every_routed_handler_is_an_operation_and_every_operation_is_routed() {
         .map(|item| item.as_object().unwrap().len())
         .sum();
     let source = include_str!("../mod.rs");
-    let handlers = [source, include_str!("../alerts.rs"), include_str!("../jobs.rs")].concat();
+    let handlers = [
+        source,
+        include_str!("../alerts.rs"),
+        include_str!("../jobs.rs"),
+        include_str!("../leader.rs"),
+        include_str!("../metrics.rs"),
+    ]
+    .concat();
     let routed: usize = source
         .lines()
         .filter_map(|l| l.trim_start().strip_prefix(".routes(routes!("))
