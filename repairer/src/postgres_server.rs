@@ -40,6 +40,11 @@ pub enum PostgresServerError {
     Start { attempts: u32, log: String },
     #[error("finding a free loopback port: {0}")]
     Port(std::io::Error),
+    #[error(
+        "PostgreSQL runs as the postgres user, which cannot enter {folder} (mode {mode:o}): \
+         keep the cluster under a folder others may enter (e.g. /var/tmp), or chmod o+x {folder}"
+    )]
+    Unreachable { folder: PathBuf, mode: u32 },
 }
 
 /// The newest installed PostgreSQL's bin folder.
@@ -85,6 +90,7 @@ impl PostgresServer {
         let as_postgres = is_root();
         let server = PostgresServer { bin, dir, port: 0, as_postgres };
         if as_postgres {
+            reachable_by_others(&server.dir)?;
             let mut chown = Command::new("chown");
             chown.args(["-R", "postgres:postgres"]).arg(&server.dir);
             run_to_file(chown, "chown", &server.dir.join("chown.out"), COMMAND_DEADLINE)?;
@@ -203,6 +209,19 @@ impl PostgresServer {
         let out = self.dir.join(format!("{program}.out"));
         run_to_file(self.command(program, args), program, &out, COMMAND_DEADLINE)
     }
+}
+
+/// Every folder above `dir` lets others (the `postgres` user) pass through it.
+fn reachable_by_others(dir: &Path) -> Result<(), PostgresServerError> {
+    use std::os::unix::fs::PermissionsExt;
+    for folder in dir.ancestors().skip(1) {
+        let Ok(metadata) = std::fs::metadata(folder) else { continue };
+        let mode = metadata.permissions().mode() & 0o7777;
+        if mode & 0o001 == 0 {
+            return Err(PostgresServerError::Unreachable { folder: folder.to_owned(), mode });
+        }
+    }
+    Ok(())
 }
 
 fn free_port() -> Result<u16, PostgresServerError> {
