@@ -242,6 +242,9 @@ fn run_to_file(
     let err = file.try_clone().map_err(io)?;
     let failed =
         |output: String| PostgresServerError::Command { program: program.to_owned(), output };
+    // A group of its own: a terminal's Ctrl-C meant for our process does not reach the server
+    // (its owner stops it, in order).
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
     let mut child = command
         .stdin(Stdio::null())
         .stdout(file)

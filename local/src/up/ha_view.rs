@@ -55,8 +55,7 @@ impl HaLog {
     pub fn lines(&mut self, fleet: &HaFleet) -> Vec<String> {
         let snapshot = fleet.snapshot();
         let mut lines = Vec::new();
-        for (at_ms, note) in snapshot.notes.iter().skip(self.notes) {
-            let _ = at_ms;
+        for (_, note) in snapshot.notes.iter().skip(self.notes) {
             lines.push(note.clone());
         }
         self.notes = snapshot.notes.len();
