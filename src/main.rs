@@ -94,6 +94,10 @@ enum Verb {
     },
     /// Run a whole self-healing fleet on this machine: repairer, simulated nodes, a training job.
     Up(fleetmend_local::up::UpArgs),
+    /// The `command` provider of the repairers `fleetmend up --repairers N` runs: asks the
+    /// running `fleetmend up` to reboot or replace one of its nodes, or for its power state.
+    #[command(hide = true)]
+    UpProvider(fleetmend_local::up::control::ProviderArgs),
     /// Write a fault into a node of the fleet `fleetmend up` runs.
     Inject(fleetmend_local::faults::InjectArgs),
     /// Simulate a fleet's failures and fleetmend's repairs on the real decision code, in virtual
@@ -280,6 +284,7 @@ fn main() -> ExitCode {
         Verb::Train(args) => fleetmend_runtime::train::main(args),
         Verb::Allreduce(args) => fleetmend_runtime::probe::main(args),
         Verb::Up(args) => fleetmend_local::up::main(args),
+        Verb::UpProvider(args) => fleetmend_local::up::control::provider_main(args),
         Verb::Inject(args) => fleetmend_local::faults::inject_main(args),
         Verb::Simulate(args) => fleetmend_sim::cli::run(args),
         Verb::Token(verb) => token(verb),
@@ -432,6 +437,7 @@ fn client(verb: Verb) -> ExitCode {
         | Verb::Train(_)
         | Verb::Allreduce(_)
         | Verb::Up(_)
+        | Verb::UpProvider(_)
         | Verb::Inject(_)
         | Verb::Simulate(_)
         | Verb::Token(_) => {
@@ -495,6 +501,7 @@ fn client(verb: Verb) -> ExitCode {
             | Verb::Train(_)
             | Verb::Allreduce(_)
             | Verb::Up(_)
+            | Verb::UpProvider(_)
             | Verb::Inject(_)
             | Verb::Simulate(_)
             | Verb::Token(_) => {

@@ -1,9 +1,13 @@
 //! `fleetmend up`: a whole self-healing fleet on this machine — the repairer with its embedded
 //! queue (in this process), one real agent process per simulated node on its own host tree, and a
 //! training job over the nodes — shown live until the job ends or Ctrl-C stops everything.
-//! `--scheduler slurm` runs the same fleet on a Slurm cluster (see [`slurm`]).
+//! `--scheduler slurm` runs the same fleet on a Slurm cluster (see [`slurm`]); `--repairers N`
+//! runs N repairer processes on a PostgreSQL of their own, one leading (see [`ha`]).
 
+pub mod control;
 pub mod fleet;
+pub mod ha;
+pub mod ha_view;
 pub mod slurm;
 pub mod supervisor;
 pub mod view;
@@ -87,6 +91,11 @@ pub struct UpArgs {
     /// stopped with the fleet.
     #[arg(long, value_name = "FILE")]
     pub slurm_conf: Option<PathBuf>,
+    /// Repairers: 1 runs in this process on SQLite; N ≥ 2 run as processes of their own sharing
+    /// a PostgreSQL that `fleetmend up` starts under the state directory (needs Debian's
+    /// postgresql), one leading; kill the leader to watch another take over.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub repairers: u32,
 }
 
 /// `--scheduler`.
@@ -223,6 +232,9 @@ async fn run(args: UpArgs) -> ExitCode {
     };
     if let Some(scenario) = &scenario {
         scenario.configure(&mut config);
+    }
+    if args.repairers != 1 {
+        return run_ha(config, args.repairers, &args).await;
     }
     // Registered before anything starts: a Ctrl-C during the start is seen once it is done, and
     // stops what was started.
@@ -406,4 +418,119 @@ async fn run_scenario(
         }
         Err(code) => ExitCode::from(code),
     }
+}
+
+/// Why `--repairers N` cannot run with these flags, if it cannot.
+fn ha_refusal(repairers: u32, args: &UpArgs) -> Option<String> {
+    if repairers == 0 {
+        return Some("--repairers must be at least 1".to_owned());
+    }
+    if args.scenario.is_some() {
+        return Some("--scenario runs with one repairer (--repairers 1)".to_owned());
+    }
+    if args.scheduler != SchedulerChoice::Embedded {
+        return Some(
+            "--repairers N runs with the embedded queue (not --scheduler slurm)".to_owned(),
+        );
+    }
+    if fleetmend_repairer::postgres_server::postgres_bin().is_none() {
+        return Some(format!(
+            "--repairers {repairers} keeps the repairers' shared store in a PostgreSQL that \
+             fleetmend up starts itself, and PostgreSQL is not installed: apt-get install postgresql"
+        ));
+    }
+    None
+}
+
+/// `fleetmend up --repairers N` (N ≥ 2): runs until the job ends or Ctrl-C, printing what changes.
+async fn run_ha(config: FleetConfig, repairers: u32, args: &UpArgs) -> ExitCode {
+    if let Some(refusal) = ha_refusal(repairers, args) {
+        eprintln!("fleetmend up: {refusal}");
+        return ExitCode::from(EXIT_CANNOT_RUN);
+    }
+    let (mut sigint, mut sigterm) =
+        match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
+            (Ok(int), Ok(term)) => (int, term),
+            (Err(err), _) | (_, Err(err)) => {
+                eprintln!("fleetmend up: listening for signals: {err}");
+                return ExitCode::from(EXIT_CANNOT_RUN);
+            }
+        };
+    let state_dir = config.state_dir.clone();
+    let mut stdout = std::io::stdout();
+    let _ = writeln!(
+        stdout,
+        "fleetmend up: starting PostgreSQL, {repairers} repairers and the agents (state in {})",
+        state_dir.display()
+    );
+    let _ = stdout.flush();
+    let fleet = match ha::HaFleet::start(config, repairers).await {
+        Ok(fleet) => fleet,
+        Err(err) => {
+            eprintln!("fleetmend up: {err}");
+            return ExitCode::from(EXIT_CANNOT_RUN);
+        }
+    };
+    let _ = write!(stdout, "{}", ha_view::HaLog::banner(&fleet));
+    let mut log = ha_view::HaLog::default();
+    let end = loop {
+        for line in log.lines(&fleet) {
+            let _ = writeln!(stdout, "{line}");
+        }
+        let _ = stdout.flush();
+        if let Some(job) = fleet.job()
+            && job.job.state.is_final()
+        {
+            break End::Job(job.job.state);
+        }
+        tokio::select! {
+            _ = sigint.recv() => break End::Signal(EXIT_SIGINT, "SIGINT"),
+            _ = sigterm.recv() => break End::Signal(EXIT_SIGTERM, "SIGTERM"),
+            _ = tokio::time::sleep(LOG_REFRESH) => {}
+        }
+    };
+    let final_line = fleet.final_line();
+    let job_id = fleet.job_id().map(str::to_owned).unwrap_or_default();
+    let job = fleet.job();
+    let what = match &end {
+        End::Signal(_, name) => {
+            format!("{name}: stopping the job, the repairers, the agents and PostgreSQL")
+        }
+        End::Job(_) => {
+            "the job ended: stopping the repairers, the agents and PostgreSQL".to_owned()
+        }
+    };
+    let _ = writeln!(stdout, "fleetmend up: {what}");
+    let _ = stdout.flush();
+    fleet.shutdown().await;
+    let _ = writeln!(
+        stdout,
+        "fleetmend up: everything it started is stopped (state in {})",
+        state_dir.display()
+    );
+    let code = match end {
+        End::Job(JobState::Completed) => {
+            match final_line {
+                Some(done) => {
+                    let _ = writeln!(
+                        stdout,
+                        "job {job_id} completed: step {}, loss {:.4}, weights sha256 {}",
+                        done.step, done.loss, done.weights_sha256
+                    );
+                }
+                None => {
+                    let _ = writeln!(stdout, "job {job_id} completed");
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        End::Job(state) => {
+            let reason = job.map(|j| j.job.reason).unwrap_or_default();
+            let _ = writeln!(stdout, "job {job_id} {state}: {reason}");
+            ExitCode::from(EXIT_JOB_FAILED)
+        }
+        End::Signal(code, _) => ExitCode::from(code),
+    };
+    let _ = stdout.flush();
+    code
 }

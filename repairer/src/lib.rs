@@ -24,6 +24,7 @@ pub mod model;
 pub mod nodes;
 pub mod policy;
 pub mod ports;
+pub mod postgres_server;
 pub mod provider;
 pub mod queue;
 pub mod scheduler;

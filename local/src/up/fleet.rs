@@ -201,6 +201,10 @@ pub enum FleetError {
     Events(Box<fleetmend_repairer::store::StoreError>),
     #[error("Slurm: {0}")]
     Slurm(#[from] SlurmUpError),
+    #[error("the repairers' PostgreSQL: {0}")]
+    Postgres(#[from] fleetmend_repairer::postgres_server::PostgresServerError),
+    #[error("the repairers: {0}")]
+    Repairers(String),
 }
 
 impl From<SupervisorError> for FleetError {
@@ -241,6 +245,9 @@ pub struct FleetFile {
     pub retired: Vec<String>,
     /// Every node's agent: name, role, state, pid, `/metrics` URL, tree directory.
     pub agents: Vec<NodeInfo>,
+    /// With several repairers (`--repairers N`): each repairer process, as last started.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub repairers: Vec<super::ha::RepairerProcess>,
 }
 
 /// One node as the fleet shows it: the supervisor's view and the repairer's.
@@ -372,7 +379,7 @@ fn stop_stale_agents(nodes_dir: &Path) {
 }
 
 /// The last `lines` lines of the file at `path`.
-fn tail(path: &Path, lines: usize) -> String {
+pub(super) fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
@@ -385,50 +392,84 @@ pub fn initial_roles(nodes: u32, spares: u32) -> Vec<(String, Role)> {
         .collect()
 }
 
+/// What every kind of local fleet builds before its repairers start: the state directory (an
+/// earlier fleet's leftovers stopped, or its state removed with `fresh`), the tokens, the nodes'
+/// trees and roles, and the supervisor of their agents.
+pub(super) struct Prepared {
+    pub state_dir: PathBuf,
+    pub admin_token_file: PathBuf,
+    pub agent_token_file: PathBuf,
+    pub admin_token: String,
+    pub roles: Vec<(String, Role)>,
+    pub supervisor: Arc<Supervisor>,
+    pub started_ms: u64,
+}
+
+pub(super) fn prepare(config: &FleetConfig) -> Result<Prepared, FleetError> {
+    let problems = config.problems();
+    if !problems.is_empty() {
+        return Err(FleetError::Invalid(problems));
+    }
+    let started_ms = now_ms();
+    let dir_err = |path: &Path| {
+        let path = path.to_owned();
+        move |source| FleetError::StateDir { path, source }
+    };
+    std::fs::create_dir_all(&config.state_dir).map_err(dir_err(&config.state_dir))?;
+    let state_dir = config.state_dir.canonicalize().map_err(dir_err(&config.state_dir))?;
+    let nodes_dir = state_dir.join("nodes");
+    stop_stale_agents(&nodes_dir);
+    super::ha::stop_stale_repairers(&state_dir);
+    if config.fresh {
+        Fleet::clear(&state_dir)?;
+    }
+    std::fs::create_dir_all(&nodes_dir).map_err(dir_err(&nodes_dir))?;
+    let admin_token_file = state_dir.join("admin.token");
+    let agent_token_file = state_dir.join("agent.token");
+    let admin_token = token_file(&admin_token_file)?;
+    token_file(&agent_token_file)?;
+
+    let roles = Fleet::roles(&state_dir, config)?;
+    let supervisor = Arc::new(Supervisor::new(AgentSettings {
+        exe: config.exe.clone(),
+        token_file: agent_token_file.clone(),
+        report_interval: config.report_interval,
+        rank_stop_grace: config.rank_stop_grace,
+        boot_delay: config.boot_delay,
+    }));
+    for (node, role) in &roles {
+        let dir = nodes_dir.join(node);
+        let tree = if dir.exists() { NodeTree::open(&dir) } else { NodeTree::create(&dir, node) }
+            .map_err(|source| FleetError::Tree {
+            node: node.clone(),
+            source: Box::new(source),
+        })?;
+        supervisor.add(tree, *role)?;
+    }
+    Ok(Prepared {
+        state_dir,
+        admin_token_file,
+        agent_token_file,
+        admin_token,
+        roles,
+        supervisor,
+        started_ms,
+    })
+}
+
 impl Fleet {
     /// Builds the state directory, starts the repairer and every agent, waits for their first
     /// reports, and submits the job.
     pub async fn start(config: FleetConfig) -> Result<Fleet, FleetError> {
-        let problems = config.problems();
-        if !problems.is_empty() {
-            return Err(FleetError::Invalid(problems));
-        }
-        let started_ms = now_ms();
-        let dir_err = |path: &Path| {
-            let path = path.to_owned();
-            move |source| FleetError::StateDir { path, source }
-        };
-        std::fs::create_dir_all(&config.state_dir).map_err(dir_err(&config.state_dir))?;
-        let state_dir = config.state_dir.canonicalize().map_err(dir_err(&config.state_dir))?;
-        let nodes_dir = state_dir.join("nodes");
-        stop_stale_agents(&nodes_dir);
-        if config.fresh {
-            Self::clear(&state_dir)?;
-        }
-        std::fs::create_dir_all(&nodes_dir).map_err(dir_err(&nodes_dir))?;
-        let admin_token_file = state_dir.join("admin.token");
-        let agent_token_file = state_dir.join("agent.token");
-        let admin_token = token_file(&admin_token_file)?;
-        token_file(&agent_token_file)?;
-
-        let roles = Self::roles(&state_dir, &config)?;
-        let supervisor = Arc::new(Supervisor::new(AgentSettings {
-            exe: config.exe.clone(),
-            token_file: agent_token_file.clone(),
-            report_interval: config.report_interval,
-            rank_stop_grace: config.rank_stop_grace,
-            boot_delay: config.boot_delay,
-        }));
-        for (node, role) in &roles {
-            let dir = nodes_dir.join(node);
-            let tree =
-                if dir.exists() { NodeTree::open(&dir) } else { NodeTree::create(&dir, node) }
-                    .map_err(|source| FleetError::Tree {
-                        node: node.clone(),
-                        source: Box::new(source),
-                    })?;
-            supervisor.add(tree, *role)?;
-        }
+        let Prepared {
+            state_dir,
+            admin_token_file,
+            agent_token_file,
+            admin_token,
+            roles,
+            supervisor,
+            started_ms,
+        } = prepare(&config)?;
 
         let slurm_spares: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
         let slurm = match &config.scheduler {
@@ -646,7 +687,7 @@ impl Fleet {
         Ok(file.agents.into_iter().map(|a| (a.name, a.role)).collect())
     }
 
-    fn repairer_config(
+    pub(super) fn repairer_config(
         config: &FleetConfig,
         state_dir: &Path,
         admin_token_file: &Path,
@@ -713,32 +754,7 @@ impl Fleet {
         if let Some(job) = queue.jobs().into_iter().rev().find(|j| !j.job.state.is_final()) {
             return Ok(job.job.id);
         }
-        let checkpoints = self.state_dir.join("checkpoints").join(format!("run-{}", now_ms()));
-        let exe = self.config.exe.display().to_string();
-        let argv = vec![
-            exe,
-            "train".to_owned(),
-            "--steps".to_owned(),
-            self.config.steps.to_string(),
-            "--seed".to_owned(),
-            self.config.seed.to_string(),
-            "--checkpoint-every".to_owned(),
-            self.config.checkpoint_every.clone(),
-            "--collective-timeout".to_owned(),
-            humantime::format_duration(self.config.collective_timeout).to_string(),
-            "--rendezvous-timeout".to_owned(),
-            "60s".to_owned(),
-        ];
-        let spec = JobSpec {
-            name: Some("train".to_owned()),
-            argv,
-            nodes: self.config.nodes,
-            priority: 0,
-            checkpoint_dir: checkpoints.display().to_string(),
-            max_restarts: self.config.max_restarts,
-            checkpoint_every: None,
-            env: Default::default(),
-        };
+        let spec = job_spec(&self.config, &self.state_dir);
         let view = queue
             .submit(spec, "fleetmend-up")
             .map_err(|err| FleetError::Submit(err.to_string()))?;
@@ -746,7 +762,7 @@ impl Fleet {
     }
 
     /// Reaps agents that died by themselves and keeps `fleet.json` current.
-    async fn watch(supervisor: Arc<Supervisor>, state_dir: PathBuf) {
+    pub(super) async fn watch(supervisor: Arc<Supervisor>, state_dir: PathBuf) {
         let mut last = supervisor.nodes();
         loop {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -776,6 +792,7 @@ impl Fleet {
             spares: Vec::new(),
             retired: Vec::new(),
             agents: Vec::new(),
+            repairers: Vec::new(),
         };
         fill_nodes(&mut file, &self.supervisor.nodes());
         let path = self.state_dir.join("fleet.json");
@@ -920,28 +937,7 @@ impl Fleet {
         if let Some(slurm) = &self.slurm {
             return slurm.job.as_ref()?.final_line();
         }
-        let job = self.job()?;
-        let node = job.job.nodes.first()?;
-        let log = self
-            .state_dir
-            .join("nodes")
-            .join(node)
-            .join("jobs")
-            .join(&job.job.id)
-            .join(format!("attempt-{}", job.job.attempt))
-            .join("rank-0")
-            .join("rank.log");
-        let text = std::fs::read_to_string(&log).ok()?;
-        let done = text.lines().rev().find_map(|line| {
-            let value: serde_json::Value = serde_json::from_str(line).ok()?;
-            (value["event"] == "done").then_some(value)
-        })?;
-        Some(FinalLine {
-            step: done["step"].as_u64()?,
-            loss: done["loss"].as_f64()?,
-            weights_sha256: done["weights_sha256"].as_str()?.to_owned(),
-            log,
-        })
+        final_line_of(&self.state_dir, &self.job()?)
     }
 
     /// Stops everything it started: the job is cancelled (its ranks get SIGTERM through their
@@ -1068,12 +1064,66 @@ fn slurm_config(conf: &Path, node_names: BTreeMap<String, String>, spares: u32) 
     }
 }
 
+/// The `done` line of `job`'s last attempt (its rank 0's log under `state_dir`), once it completed.
+pub(super) fn final_line_of(state_dir: &Path, job: &JobView) -> Option<FinalLine> {
+    let node = job.job.nodes.first()?;
+    let log = state_dir
+        .join("nodes")
+        .join(node)
+        .join("jobs")
+        .join(&job.job.id)
+        .join(format!("attempt-{}", job.job.attempt))
+        .join("rank-0")
+        .join("rank.log");
+    let text = std::fs::read_to_string(&log).ok()?;
+    let done = text.lines().rev().find_map(|line| {
+        let value: serde_json::Value = serde_json::from_str(line).ok()?;
+        (value["event"] == "done").then_some(value)
+    })?;
+    Some(FinalLine {
+        step: done["step"].as_u64()?,
+        loss: done["loss"].as_f64()?,
+        weights_sha256: done["weights_sha256"].as_str()?.to_owned(),
+        log,
+    })
+}
+
+/// The training job of a fleet (its checkpoints in a new folder of `state_dir`).
+pub(super) fn job_spec(config: &FleetConfig, state_dir: &Path) -> JobSpec {
+    let checkpoints = state_dir.join("checkpoints").join(format!("run-{}", now_ms()));
+    let exe = config.exe.display().to_string();
+    let argv = vec![
+        exe,
+        "train".to_owned(),
+        "--steps".to_owned(),
+        config.steps.to_string(),
+        "--seed".to_owned(),
+        config.seed.to_string(),
+        "--checkpoint-every".to_owned(),
+        config.checkpoint_every.clone(),
+        "--collective-timeout".to_owned(),
+        humantime::format_duration(config.collective_timeout).to_string(),
+        "--rendezvous-timeout".to_owned(),
+        "60s".to_owned(),
+    ];
+    JobSpec {
+        name: Some("train".to_owned()),
+        argv,
+        nodes: config.nodes,
+        priority: 0,
+        checkpoint_dir: checkpoints.display().to_string(),
+        max_restarts: config.max_restarts,
+        checkpoint_every: None,
+        env: Default::default(),
+    }
+}
+
 /// Whether a job state counts as success for `fleetmend up`'s exit status.
 pub fn succeeded(state: JobState) -> bool {
     state == JobState::Completed
 }
 
-fn fill_nodes(file: &mut FleetFile, nodes: &[NodeInfo]) {
+pub(super) fn fill_nodes(file: &mut FleetFile, nodes: &[NodeInfo]) {
     let names =
         |role: Role| nodes.iter().filter(|n| n.role == role).map(|n| n.name.clone()).collect();
     file.nodes = names(Role::Worker);
@@ -1082,12 +1132,12 @@ fn fill_nodes(file: &mut FleetFile, nodes: &[NodeInfo]) {
     file.agents = nodes.to_vec();
 }
 
-fn read_fleet_file(state_dir: &Path) -> Option<FleetFile> {
+pub(super) fn read_fleet_file(state_dir: &Path) -> Option<FleetFile> {
     serde_json::from_str(&std::fs::read_to_string(state_dir.join("fleet.json")).ok()?).ok()
 }
 
 /// Writes `value` as JSON to `path` through a temporary file and a rename (readers never see half).
-fn write_json<T: Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
+pub(super) fn write_json<T: Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
     let text = serde_json::to_string_pretty(value).map_err(std::io::Error::other)?;
     let tmp = path.with_extension("json.tmp");
     std::fs::write(&tmp, text + "\n")?;

@@ -83,14 +83,22 @@ pub struct AgentSettings {
 
 impl AgentSettings {
     /// The `[report]`, `[jobs]` and `[commands.evidence]` sections of `node`'s agent config.
-    pub fn agent_toml(&self, repairer_url: &str, jobs_dir: &Path) -> String {
+    /// `repairers`: the repairers' base URLs (several: every repairer of a fleet with a standby,
+    /// the agent follows a standby's pointer to the leader).
+    pub fn agent_toml(&self, repairers: &[String], jobs_dir: &Path) -> String {
         let evidence = jobs_dir.parent().unwrap_or(jobs_dir).join("evidence");
         format!(
             "[report]\nrepairer = {repairer}\ntoken_file = {token}\ninterval = \"{interval}\"\n\
              timeout = \"2s\"\nbackoff_initial = \"200ms\"\nbackoff_max = \"2s\"\n\n\
              [jobs]\nenabled = true\ndir = {jobs}\nadvertise_address = \"127.0.0.1\"\n\
              stop_grace = \"{grace}\"\n\n[commands.evidence]\ndir = {evidence}\n",
-            repairer = toml_string(repairer_url),
+            repairer = match repairers {
+                [one] => toml_string(one),
+                many => format!(
+                    "[{}]",
+                    many.iter().map(|url| toml_string(url)).collect::<Vec<_>>().join(", ")
+                ),
+            },
             token = toml_string(&self.token_file.display().to_string()),
             interval = humantime::format_duration(self.report_interval),
             jobs = toml_string(&jobs_dir.display().to_string()),
@@ -189,7 +197,7 @@ struct Slot {
 struct Inner {
     slots: BTreeMap<String, Slot>,
     /// The repairer the agents report to (known once it listens).
-    repairer_url: String,
+    repairer_urls: Vec<String>,
     stopping: bool,
     notes: VecDeque<Note>,
     notes_written: u64,
@@ -216,7 +224,13 @@ impl Supervisor {
 
     /// Sets the repairer the agents started from now on report to.
     pub fn set_repairer_url(&self, url: &str) {
-        self.lock().repairer_url = url.to_owned();
+        self.set_repairer_urls(&[url.to_owned()]);
+    }
+
+    /// Sets the repairers (several: the leader and its standbys) the agents started from now on
+    /// report to.
+    pub fn set_repairer_urls(&self, urls: &[String]) {
+        self.lock().repairer_urls = urls.to_vec();
     }
 
     pub fn settings(&self) -> &AgentSettings {
@@ -309,7 +323,7 @@ impl Supervisor {
             });
         }
         let settings = &self.settings;
-        let inner_url = inner.repairer_url.clone();
+        let inner_urls = inner.repairer_urls.clone();
         let slot = inner
             .slots
             .get_mut(node)
@@ -326,7 +340,7 @@ impl Supervisor {
         }
         let dir = slot.tree.dir().to_owned();
         let jobs = dir.join("jobs");
-        let extra = settings.agent_toml(&inner_url, &jobs);
+        let extra = settings.agent_toml(&inner_urls, &jobs);
         slot.tree.agent_config(&extra).map_err(|source| SupervisorError::Tree {
             operation: "writing the agent config",
             node: node.to_owned(),
@@ -758,8 +772,8 @@ mod tests {
             rank_stop_grace: Duration::from_secs(5),
             boot_delay: Duration::from_secs(2),
         };
-        let text =
-            settings.agent_toml("http://127.0.0.1:9830", Path::new("/state/nodes/node-1/jobs"));
+        let jobs = Path::new("/state/nodes/node-1/jobs");
+        let text = settings.agent_toml(&["http://127.0.0.1:9830".to_owned()], jobs);
         let value: toml::Value = toml::from_str(&text).unwrap();
         assert_eq!(value["report"]["repairer"].as_str(), Some("http://127.0.0.1:9830"));
         assert_eq!(value["report"]["token_file"].as_str(), Some("/tmp/x \"y\"/agent.token"));
@@ -771,5 +785,14 @@ mod tests {
             value["commands"]["evidence"]["dir"].as_str(),
             Some("/state/nodes/node-1/evidence")
         );
+        let both = ["http://127.0.0.1:7401".to_owned(), "http://127.0.0.1:7402".to_owned()];
+        let value: toml::Value = toml::from_str(&settings.agent_toml(&both, jobs)).unwrap();
+        let listed: Vec<&str> = value["report"]["repairer"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|url| url.as_str().unwrap())
+            .collect();
+        assert_eq!(listed, ["http://127.0.0.1:7401", "http://127.0.0.1:7402"]);
     }
 }
