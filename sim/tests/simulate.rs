@@ -47,46 +47,60 @@ replace_time = "2days"
 /// job, no checkpoint at the signal, no lemons), lands within ±0.03 of it. The formula reads only
 /// N·r_f: the test runs 256 nodes at 8 times the rate (the same 13.3 job failures a day, an eighth
 /// of the ranks to restart in a debug build); BENCHMARKS.md has the 2,048-node run.
+///
+/// One test per checkpoint interval, so the three 54-day runs go side by side.
 #[test]
-fn the_simulated_ettr_follows_the_closed_form_model() {
+fn the_simulated_ettr_follows_the_closed_form_model_checkpointing_every_5_minutes() {
+    ettr_follows_the_model("5m", 0.9307);
+}
+
+#[test]
+fn the_simulated_ettr_follows_the_closed_form_model_checkpointing_every_30_minutes() {
+    ettr_follows_the_model("30m", 0.8151);
+}
+
+#[test]
+fn the_simulated_ettr_follows_the_closed_form_model_checkpointing_every_60_minutes() {
+    ettr_follows_the_model("60m", 0.6765);
+}
+
+fn ettr_follows_the_model(interval: &str, expected: f64) {
     let mut catalog = tempfile::NamedTempFile::new().unwrap();
     catalog.write_all(CRASH_CATALOG.as_bytes()).unwrap();
     let path = catalog.path().display().to_string();
-    for (interval, expected) in [("5m", 0.9307), ("30m", 0.8151), ("60m", 0.6765)] {
-        let config = config(&[
-            ("catalog", &path),
-            ("fleet.nodes", "256"),
-            ("fleet.spares", "0"),
-            ("fleet.duration", "54days"),
-            ("fleet.seed", "12"),
-            ("failures.rate_per_node_day", "0.052"),
-            ("failures.lemons.fraction", "0.0"),
-            ("failures.lemons.factor", "1.0"),
-            ("failures.silent_repair_rate", "0.0"),
-            ("job.every_fault_kills", "true"),
-            ("job.checkpoint_on_signal", "false"),
-            ("job.checkpoint_write", "0s"),
-            ("job.restart", "5m"),
-            ("job.checkpoint_every", interval),
-            // Ticks of 10 s instead of 1 s: a tenth of the wakes in a debug build; each adds at
-            // most a few ticks to a restart (under 0.005 of ETTR here).
-            ("repairer.engine.tick", "10s"),
-            ("repairer.queue.tick", "10s"),
-        ]);
-        let report = simulate(&config, None).unwrap();
-        assert!(
-            (report.model_ettr - expected).abs() < 0.002,
-            "the model at {interval}: {} (expected {expected})",
-            report.model_ettr
-        );
-        assert!(
-            (report.ettr - report.model_ettr).abs() <= 0.03,
-            "at {interval}: simulated {:.4}, model {:.4}\n{}",
-            report.ettr,
-            report.model_ettr,
-            report.summary()
-        );
-    }
+    let config = config(&[
+        ("catalog", &path),
+        ("fleet.nodes", "256"),
+        ("fleet.spares", "0"),
+        ("fleet.duration", "54days"),
+        ("fleet.seed", "12"),
+        ("failures.rate_per_node_day", "0.052"),
+        ("failures.lemons.fraction", "0.0"),
+        ("failures.lemons.factor", "1.0"),
+        ("failures.silent_repair_rate", "0.0"),
+        ("job.every_fault_kills", "true"),
+        ("job.checkpoint_on_signal", "false"),
+        ("job.checkpoint_write", "0s"),
+        ("job.restart", "5m"),
+        ("job.checkpoint_every", interval),
+        // Ticks of 10 s instead of 1 s: a tenth of the wakes in a debug build; each adds at
+        // most a few ticks to a restart (under 0.005 of ETTR here).
+        ("repairer.engine.tick", "10s"),
+        ("repairer.queue.tick", "10s"),
+    ]);
+    let report = simulate(&config, None).unwrap();
+    assert!(
+        (report.model_ettr - expected).abs() < 0.002,
+        "the model at {interval}: {} (expected {expected})",
+        report.model_ettr
+    );
+    assert!(
+        (report.ettr - report.model_ettr).abs() <= 0.03,
+        "at {interval}: simulated {:.4}, model {:.4}\n{}",
+        report.ettr,
+        report.model_ettr,
+        report.summary()
+    );
 }
 
 /// Setting one key of a repairer table lays it over the simulator's defaults: the queue keeps hang
