@@ -267,8 +267,12 @@ impl Leadership {
     pub async fn keep(self: Arc<Self>) {
         let mut until = Instant::now() + self.config.lease * 4 / 5;
         loop {
+            // The next renewal, and after a failed one no later than the write deadline: a
+            // leader cut from the store steps down as its writes close, not a period later.
+            let next =
+                self.config.renew_every().min(until.saturating_duration_since(Instant::now()));
             tokio::select! {
-                () = tokio::time::sleep(self.config.renew_every()) => {}
+                () = tokio::time::sleep(next) => {}
                 why = self.store.fenced() => {
                     self.step_down(LostLeadership::Fenced(why.to_string()));
                     return;
@@ -276,8 +280,17 @@ impl Leadership {
             }
             let sent = Instant::now();
             let this = self.clone();
-            let renewed =
-                blocking(move || this.store.acquire(&this.holder, this.config.lease)).await;
+            // A store that does not answer (packets dropped) is waited on no longer than the
+            // write deadline, or one renewal period once that has passed.
+            let wait = until.saturating_duration_since(sent).max(self.config.renew_every());
+            let renewal = blocking(move || this.store.acquire(&this.holder, this.config.lease));
+            let renewed = tokio::time::timeout(wait, renewal).await.unwrap_or_else(|_| {
+                Err(StoreError::Timeout {
+                    operation: "renew the lease",
+                    location: "the shared store".to_owned(),
+                    after: wait,
+                })
+            });
             let epoch = self.epoch();
             let outcome = match renewed {
                 Ok(Some(lease)) if lease.epoch == epoch => {

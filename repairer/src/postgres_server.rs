@@ -77,6 +77,8 @@ pub struct PostgresServer {
     port: u16,
     /// Run server commands as `postgres` (we are root).
     as_postgres: bool,
+    /// Addresses it listens on besides loopback ([`PostgresServer::listen_also`]).
+    also: Vec<std::net::IpAddr>,
 }
 
 impl PostgresServer {
@@ -88,7 +90,7 @@ impl PostgresServer {
         std::fs::create_dir_all(dir).map_err(folder)?;
         let dir = dir.canonicalize().map_err(folder)?;
         let as_postgres = is_root();
-        let server = PostgresServer { bin, dir, port: 0, as_postgres };
+        let server = PostgresServer { bin, dir, port: 0, as_postgres, also: Vec::new() };
         if as_postgres {
             reachable_by_others(&server.dir)?;
             let mut chown = Command::new("chown");
@@ -126,11 +128,34 @@ impl PostgresServer {
         self.start_on_port()
     }
 
+    /// Listens on `address` too from the next start, trusting clients from `clients` (a CIDR
+    /// block, e.g. `10.0.0.0/24`): for repairers in other network namespaces.
+    pub fn listen_also(
+        &mut self,
+        address: std::net::IpAddr,
+        clients: &str,
+    ) -> Result<(), PostgresServerError> {
+        let hba = self.data().join("pg_hba.conf");
+        let folder = |source| PostgresServerError::Folder { path: hba.clone(), source };
+        let mut text = std::fs::read_to_string(&hba).map_err(folder)?;
+        let line = format!("host all all {clients} trust\n");
+        if !text.contains(&line) {
+            text.push_str(&line);
+            std::fs::write(&hba, text).map_err(folder)?;
+        }
+        self.also.push(address);
+        Ok(())
+    }
+
     fn start_on_port(&self) -> Result<(), PostgresServerError> {
+        let listen: Vec<String> = std::iter::once("127.0.0.1".to_owned())
+            .chain(self.also.iter().map(ToString::to_string))
+            .collect();
         let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100",
+            "-p {} -k {} -c listen_addresses={} -c fsync=off -c max_connections=100",
             self.port,
-            self.dir.display()
+            self.dir.display(),
+            listen.join(",")
         );
         let log = self.dir.join("server.log").display().to_string();
         let data = self.data().display().to_string();

@@ -26,6 +26,12 @@ impl PostgresCluster {
     /// Starts a cluster, or returns `None` (printing why) where PostgreSQL is not installed and
     /// not required.
     pub fn start() -> Option<PostgresCluster> {
+        PostgresCluster::start_listening_also(None)
+    }
+
+    /// [`PostgresCluster::start`], listening on `also` too (an address and the CIDR block of the
+    /// clients it trusts there; see [`PostgresServer::listen_also`]).
+    pub fn start_listening_also(also: Option<(std::net::IpAddr, &str)>) -> Option<PostgresCluster> {
         if postgres_bin().is_none() {
             assert!(
                 std::env::var_os("FLEETMEND_REQUIRE_POSTGRES").is_none(),
@@ -37,6 +43,9 @@ impl PostgresCluster {
         }
         let dir = tempfile::Builder::new().prefix("fleetmend-pg").tempdir().expect("temp dir");
         let mut server = PostgresServer::init(dir.path()).expect("initdb");
+        if let Some((address, clients)) = also {
+            server.listen_also(address, clients).expect("add a listen address");
+        }
         if let Err(err) = server.start() {
             panic!("PostgreSQL did not start: {err}");
         }

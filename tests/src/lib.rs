@@ -272,6 +272,18 @@ pub fn start_repairer(
     stderr_path: &Path,
     timeout: Duration,
 ) -> Running {
+    start_repairer_in(None, config, listen, stderr_path, timeout)
+}
+
+/// [`start_repairer`] inside network namespace `netns` (`ip netns exec`, which becomes the
+/// repairer: its pid and exit status are the repairer's), or in this one.
+pub fn start_repairer_in(
+    netns: Option<&str>,
+    config: &Path,
+    listen: SocketAddr,
+    stderr_path: &Path,
+    timeout: Duration,
+) -> Running {
     let deadline = Instant::now() + timeout;
     loop {
         let stderr = std::fs::OpenOptions::new()
@@ -279,7 +291,15 @@ pub fn start_repairer(
             .append(true)
             .open(stderr_path)
             .expect("open the repairer's stderr file");
-        let child = Command::new(fleetmend_bin())
+        let mut command = match netns {
+            Some(netns) => {
+                let mut command = Command::new("ip");
+                command.args(["netns", "exec", netns]).arg(fleetmend_bin());
+                command
+            }
+            None => Command::new(fleetmend_bin()),
+        };
+        let child = command
             .arg("repairer")
             .arg("--config")
             .arg(config)

@@ -29,7 +29,9 @@ use fleetmend_proto::{
     ReportTrigger, Status, Verdict, WIRE_VERSION, command_kind,
 };
 use fleetmend_repairer::testing::PostgresCluster;
-use fleetmend_tests::{Running, free_port, http_get, http_post_json, poll_until, start_repairer};
+use fleetmend_tests::{
+    Running, free_port, http_get, http_post_json, poll_until, start_repairer_in,
+};
 use serde_json::Value;
 
 const NODES: [&str; 4] = ["n1", "n2", "n3", "n4"];
@@ -108,6 +110,102 @@ enum Mode {
     Restart,
     /// Two repairers on PostgreSQL; the leader is killed and the standby takes over.
     Failover,
+    /// [`Mode::Failover`] with the first repairer in a network namespace of its own, reaching
+    /// PostgreSQL over a veth pair that the test can cut ([`PartitionNet`]).
+    Partition,
+}
+
+/// A network namespace for the first repairer: a veth pair whose outer end carries this
+/// namespace's address and the address PostgreSQL listens on for it. Cutting blackholes the
+/// route to PostgreSQL's address inside the namespace; agents and the test still reach the
+/// repairer. Removed on drop. Needs root and iproute2.
+struct PartitionNet {
+    netns: String,
+    outer: String,
+    /// The repairer's address (inside).
+    inner_address: std::net::Ipv4Addr,
+    /// PostgreSQL's address (outside).
+    store_address: std::net::Ipv4Addr,
+}
+
+impl PartitionNet {
+    fn create() -> PartitionNet {
+        let tag = std::process::id() % 250;
+        let subnet = |host: u8| std::net::Ipv4Addr::new(10, 241, tag as u8, host);
+        let net = PartitionNet {
+            netns: format!("fmpart-{tag}"),
+            outer: format!("fp{tag}o"),
+            inner_address: subnet(2),
+            store_address: subnet(9),
+        };
+        let inner = format!("fp{tag}i");
+        let _ = std::process::Command::new("ip").args(["netns", "del", &net.netns]).status();
+        let _ = std::process::Command::new("ip").args(["link", "del", &net.outer]).status();
+        for args in [
+            vec!["netns".to_owned(), "add".to_owned(), net.netns.clone()],
+            ["-n", &net.netns, "link", "set", "lo", "up"].map(str::to_owned).to_vec(),
+            ["link", "add", &net.outer, "type", "veth", "peer", "name", &inner]
+                .map(str::to_owned)
+                .to_vec(),
+            ["link", "set", &inner, "netns", &net.netns].map(str::to_owned).to_vec(),
+            vec![
+                "addr".into(),
+                "add".into(),
+                format!("{}/24", subnet(1)),
+                "dev".into(),
+                net.outer.clone(),
+            ],
+            vec![
+                "addr".into(),
+                "add".into(),
+                format!("{}/24", net.store_address),
+                "dev".into(),
+                net.outer.clone(),
+            ],
+            ["link", "set", &net.outer, "up"].map(str::to_owned).to_vec(),
+            vec![
+                "-n".into(),
+                net.netns.clone(),
+                "addr".into(),
+                "add".into(),
+                format!("{}/24", net.inner_address),
+                "dev".into(),
+                inner.clone(),
+            ],
+            ["-n", &net.netns, "link", "set", &inner, "up"].map(str::to_owned).to_vec(),
+        ] {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            fleetmend_tests::netns::ip(&args);
+        }
+        net
+    }
+
+    /// The CIDR block of the namespace's link, which PostgreSQL trusts.
+    fn clients(&self) -> String {
+        let [a, b, c, _] = self.store_address.octets();
+        format!("{a}.{b}.{c}.0/24")
+    }
+
+    fn route(&self, verb: &str) {
+        let store = format!("{}/32", self.store_address);
+        fleetmend_tests::netns::ip(&["-n", &self.netns, "route", verb, "blackhole", &store]);
+    }
+
+    /// Cuts the namespace from PostgreSQL (only): its packets to the server are dropped.
+    fn cut(&self) {
+        self.route("add");
+    }
+
+    fn heal(&self) {
+        self.route("del");
+    }
+}
+
+impl Drop for PartitionNet {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip").args(["link", "del", &self.outer]).status();
+        let _ = std::process::Command::new("ip").args(["netns", "del", &self.netns]).status();
+    }
 }
 
 /// The repairers' world: configs, store, reboot file, ports.
@@ -121,6 +219,8 @@ struct Fleet {
     reboot_gate: PathBuf,
     /// The shared store's server (failover).
     _postgres: Option<PostgresCluster>,
+    /// The first repairer's namespace (partition); dropped after the server.
+    net: Option<PartitionNet>,
 }
 
 /// How long a failover leader's lease lasts unrenewed.
@@ -130,13 +230,21 @@ impl Fleet {
     /// `None` when the mode needs PostgreSQL and it is not installed (and not required).
     fn new(kill: KillPoint, mode: Mode) -> Option<Fleet> {
         let dir = tempfile::tempdir().expect("temp dir");
-        let postgres = match mode {
-            Mode::Restart => None,
-            Mode::Failover => Some(PostgresCluster::start()?),
+        let net = (mode == Mode::Partition).then(PartitionNet::create);
+        let postgres = match (mode, &net) {
+            (Mode::Restart, _) => None,
+            (_, Some(net)) => Some(PostgresCluster::start_listening_also(Some((
+                net.store_address.into(),
+                &net.clients(),
+            )))?),
+            (_, None) => Some(PostgresCluster::start()?),
         };
-        let count = if mode == Mode::Failover { 2 } else { 1 };
-        let listens: Vec<SocketAddr> =
+        let count = if mode == Mode::Restart { 1 } else { 2 };
+        let mut listens: Vec<SocketAddr> =
             (0..count).map(|_| SocketAddr::from(([127, 0, 0, 1], free_port()))).collect();
+        if let Some(net) = &net {
+            listens[0] = SocketAddr::from((net.inner_address, free_port()));
+        }
         let reboots = dir.path().join("reboots");
         let reboot_gate = dir.path().join("reboot-returns");
         // The node name is substituted by the provider (it refuses names that are not plain);
@@ -152,18 +260,28 @@ impl Fleet {
         }
         let (store, leadership) = match &postgres {
             None => (dir.path().join("repairer.db").display().to_string(), String::new()),
-            Some(postgres) => (
-                postgres.fresh_database(),
-                format!("[leadership]\nlease = \"{}s\"\npoll = \"200ms\"\n", LEASE.as_secs()),
-            ),
+            Some(postgres) => {
+                let mut url = postgres.fresh_database();
+                if let Some(net) = &net {
+                    url = url.replace("127.0.0.1", &net.store_address.to_string());
+                }
+                let lease = format!("lease = \"{}s\"\npoll = \"200ms\"\n", LEASE.as_secs());
+                (url, format!("[leadership]\n{lease}"))
+            }
         };
         let mut configs = Vec::new();
         for (i, listen) in listens.iter().enumerate() {
+            // Each repairer also notes the reboots it issued itself.
+            let reboot = format!(
+                "echo {{node}} >> '{}'; {reboot}",
+                dir.path().join(format!("reboots-by-{i}")).display()
+            );
             let config = dir.path().join(format!("repairer-{i}.toml"));
             let text = format!(
                 r#"listen = "{listen}"
 store = "{store}"
 scheduler = "memory"
+{insecure}
 
 [engine]
 tick = "50ms"
@@ -189,18 +307,23 @@ reboot = ["sh", "-c", {reboot}]
 reboot_timeout = "2m"
 
 {leadership}"#,
+                // The namespace's address is not loopback: a lab's plain HTTP, no tokens.
+                insecure = if net.is_some() { "insecure = true" } else { "" },
                 interval = REPORT_INTERVAL.as_millis(),
                 reboot = toml_string(&reboot),
             );
             std::fs::write(&config, text).expect("write the repairer config");
             configs.push(config);
         }
-        Some(Fleet { dir, listens, configs, reboots, reboot_gate, _postgres: postgres })
+        Some(Fleet { dir, listens, configs, reboots, reboot_gate, _postgres: postgres, net })
     }
 
-    /// Starts repairer `i` (stderr to `repairer-I.stderr`) and waits until it answers.
+    /// Starts repairer `i` (stderr to `repairer-I.stderr`) and waits until it answers; the first
+    /// one in its namespace where there is one.
     fn start_repairer(&self, i: usize) -> Running {
-        start_repairer(
+        let netns = self.net.as_ref().filter(|_| i == 0).map(|net| net.netns.as_str());
+        start_repairer_in(
+            netns,
             &self.configs[i],
             self.listens[i],
             &self.dir.path().join(format!("repairer-{i}.stderr")),
@@ -238,6 +361,12 @@ reboot_timeout = "2m"
             .lines()
             .map(str::to_owned)
             .collect()
+    }
+
+    /// The reboots repairer `i` issued.
+    fn reboots_by(&self, i: usize) -> Vec<String> {
+        let path = self.dir.path().join(format!("reboots-by-{i}"));
+        std::fs::read_to_string(path).unwrap_or_default().lines().map(str::to_owned).collect()
     }
 
     fn let_reboot_return(&self) {
@@ -540,7 +669,7 @@ fn agent_loop(repairers: &[SocketAddr], reboots: &Path, shared: &Mutex<AgentShar
 fn kill_and_resume(kill: KillPoint, mode: Mode) {
     let Some(fleet) = Fleet::new(kill, mode) else { return };
     let mut repairer = fleet.start_repairer(0);
-    let standby = (mode == Mode::Failover).then(|| {
+    let standby = (mode != Mode::Restart).then(|| {
         assert!(
             poll_until(START_DEADLINE, || fleet.leads(0)),
             "the first repairer did not take the lead: {:?}\n{}",
@@ -692,7 +821,7 @@ fn kill_and_resume(kill: KillPoint, mode: Mode) {
     for (name, state) in fleet.states() {
         assert_eq!(state, "healthy", "{kill:?}: {name} after the repair");
     }
-    if mode == Mode::Failover {
+    if mode != Mode::Restart {
         assert_epochs_do_not_interleave(&events, kill);
     }
 }
@@ -848,5 +977,106 @@ fn failover_a_paused_leader_is_fenced_when_it_wakes_and_steps_down() {
     let decisions = events.iter().filter(|e| kind(e) == "decision" && node(e) == SICK).count();
     assert_eq!(decisions, 1, "one decision");
     assert_epochs_do_not_interleave(&events, kill);
+    assert!(fleet.leads(1), "the standby still leads");
+}
+
+/// The leader runs in a network namespace of its own and is cut from PostgreSQL (only: agents
+/// still reach it) while its workflow waits in the settle window: its writes close and it steps
+/// down within its lease, acting no more; the standby takes the lead, finishes the repair and is
+/// the one that reboots the node, once; no two epochs' events interleave. Healed, the old leader
+/// comes back as a standby.
+#[test]
+fn partition_a_leader_cut_from_postgres_stops_acting_within_its_lease() {
+    let kill = KillPoint::AfterDrain;
+    let Some(fleet) = Fleet::new(kill, Mode::Partition) else { return };
+    let net = fleet.net.as_ref().expect("the partition's namespace");
+    let mut leader = fleet.start_repairer(0);
+    assert!(poll_until(START_DEADLINE, || fleet.leads(0)), "no leader:\n{}", leader.stderr());
+    let standby = fleet.start_repairer(1);
+    let agent = ScriptedAgent::start(fleet.listens.clone(), fleet.reboots.clone());
+    assert!(
+        poll_until(STEP_DEADLINE, || fleet.states().iter().filter(|(_, s)| s == "healthy").count()
+            == NODES.len()),
+        "the four nodes did not show up healthy: {:?}\n{}",
+        fleet.states(),
+        leader.stderr()
+    );
+    agent.control(|c| c.xid = true);
+    assert!(
+        poll_until(STEP_DEADLINE, || kill.reached(&fleet, &agent)),
+        "the workflow did not reach the settle window (last step {})\n{}",
+        fleet.last_step(),
+        leader.stderr()
+    );
+    net.cut();
+    let cut_at = Instant::now();
+    let cut_at_ms = now_ms();
+    assert!(fleet.reboots().is_empty(), "the cut was meant to land before the reboot");
+
+    // The lease lapses unrenewed: the standby leads.
+    let limit = LEASE * 2 + Duration::from_secs(5);
+    assert!(
+        poll_until(limit, || fleet.leads(1)),
+        "the standby did not take the lead within {limit:?} of the cut\n{}",
+        standby.stderr()
+    );
+    println!("the standby leads {:.2} s after the cut", cut_at.elapsed().as_secs_f64());
+
+    // Its writes close 0.8 × the lease after its last renewal, so it acts no more; it steps down
+    // once its store calls in flight time out (connect + statement timeouts, 12 s by default).
+    let limit = LEASE + Duration::from_secs(20);
+    assert!(
+        poll_until(limit, || leader.stderr().contains("no longer leads")),
+        "the leader cut from PostgreSQL did not step down within {limit:?}\n{}",
+        leader.stderr()
+    );
+    println!(
+        "cut from PostgreSQL, the leader stepped down after {:.2} s (lease {LEASE:?})",
+        cut_at.elapsed().as_secs_f64()
+    );
+    let mut exited = None;
+    assert!(
+        poll_until(STEP_DEADLINE, || {
+            exited = leader.child.try_wait().ok().flatten();
+            exited.is_some()
+        }),
+        "the leader that stepped down did not exit\n{}",
+        leader.stderr()
+    );
+    assert_eq!(exited.and_then(|s| s.code()), Some(75), "{}", leader.stderr());
+    let finished = || {
+        fleet.events().iter().filter(|e| kind(e) == "repair-finished" && node(e) == SICK).count()
+    };
+    assert!(
+        poll_until(FINISH_DEADLINE, || finished() == 1
+            && fleet.state_of(SICK).as_deref() == Some("healthy")),
+        "the new leader did not finish the repair (last step {})\n{}",
+        fleet.last_step(),
+        standby.stderr()
+    );
+    agent.wait_rounds(15);
+    assert_eq!(fleet.reboots(), [SICK], "rebooted once");
+    assert_eq!(fleet.reboots_by(0), Vec::<String>::new(), "the cut leader rebooted nothing");
+    assert_eq!(fleet.reboots_by(1), [SICK], "the new leader rebooted it");
+    assert_eq!(finished(), 1, "one repair-finished");
+    let events = fleet.events();
+    let decisions = events.iter().filter(|e| kind(e) == "decision" && node(e) == SICK).count();
+    assert_eq!(decisions, 1, "one decision");
+    assert_epochs_do_not_interleave(&events, kill);
+    let late: Vec<&Value> = events
+        .iter()
+        .filter(|e| {
+            e["epoch"] == 1
+                && e["at_ms"].as_u64().unwrap_or(0) > cut_at_ms + LEASE.as_millis() as u64
+        })
+        .collect();
+    assert!(late.is_empty(), "the cut leader wrote after its lease: {late:#?}");
+
+    // The partition healed, the old leader's host runs its repairer again: a standby.
+    net.heal();
+    let back = fleet.start_repairer(0);
+    let view = fleet.leader_view(0).expect("the returned repairer answers /v1/leader");
+    assert_eq!(view["role"], "standby", "{view:#}\n{}", back.stderr());
+    assert_eq!(view["leader"], format!("http://{}", fleet.listens[1]), "{view:#}");
     assert!(fleet.leads(1), "the standby still leads");
 }

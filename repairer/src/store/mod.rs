@@ -192,14 +192,23 @@ struct WriteGate {
 
 impl WriteGate {
     /// Passes a write's result on; a refusal for a newer epoch closes the gate and is told to
-    /// whoever waits in [`Store::fenced`].
-    fn passed<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+    /// whoever waits in [`Store::fenced`]. A write that returns after the deadline (a store that
+    /// answered late) counts as refused: the lease may have lapsed meanwhile and another
+    /// repairer may lead, so what it records must not be acted on here; whoever leads next reads
+    /// it from the store and resumes from it.
+    fn passed<T>(
+        &self,
+        operation: &'static str,
+        result: Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         if let Err(err @ StoreError::Fenced { .. }) = &result {
             self.closed.store(true, Ordering::SeqCst);
             let text = err.to_string();
             self.fenced.send_if_modified(|first| first.is_none() && first.replace(text).is_none());
         }
-        result
+        let value = result?;
+        self.check(operation)?;
+        Ok(value)
     }
 
     fn check(&self, operation: &'static str) -> Result<(), StoreError> {
@@ -349,7 +358,7 @@ impl Store {
             node: event.node.as_deref(),
             body: &body,
         };
-        self.writes.passed(self.backend.append_event(row, self.fence()))
+        self.writes.passed("append event", self.backend.append_event(row, self.fence()))
     }
 
     /// Events with an id above `after`, oldest first, optionally of one node, at most `limit`.
@@ -383,7 +392,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         self.writes.check("save node")?;
         let body = serde_json::to_string(node).map_err(json("save node"))?;
-        self.writes.passed(self.backend.put_node(name, state, &body, self.fence()))
+        self.writes.passed("save node", self.backend.put_node(name, state, &body, self.fence()))
     }
 
     /// Every node document.
@@ -399,7 +408,8 @@ impl Store {
     ) -> Result<i64, StoreError> {
         self.writes.check("create workflow")?;
         let body = serde_json::to_string(workflow).map_err(json("create workflow"))?;
-        self.writes.passed(self.backend.insert_workflow(node, &body, self.fence()))
+        self.writes
+            .passed("create workflow", self.backend.insert_workflow(node, &body, self.fence()))
     }
 
     /// Replaces workflow `id`'s document; `open = false` once it finished.
@@ -411,7 +421,8 @@ impl Store {
     ) -> Result<(), StoreError> {
         self.writes.check("update workflow")?;
         let body = serde_json::to_string(workflow).map_err(json("update workflow"))?;
-        self.writes.passed(self.backend.update_workflow(id, open, &body, self.fence()))
+        self.writes
+            .passed("update workflow", self.backend.update_workflow(id, open, &body, self.fence()))
     }
 
     /// Every workflow not finished yet, oldest first.
@@ -439,7 +450,7 @@ impl Store {
     pub fn put_setting<T: Serialize>(&self, key: &str, value: &T) -> Result<(), StoreError> {
         self.writes.check("save setting")?;
         let body = serde_json::to_string(value).map_err(json("save setting"))?;
-        self.writes.passed(self.backend.put_setting(key, &body, self.fence()))
+        self.writes.passed("save setting", self.backend.put_setting(key, &body, self.fence()))
     }
 
     /// Saves a job document (the embedded queue's) under `id`.
@@ -452,7 +463,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         self.writes.check("save job")?;
         let body = serde_json::to_string(job).map_err(json("save job"))?;
-        self.writes.passed(self.backend.put_job(id, seq, state, &body, self.fence()))
+        self.writes.passed("save job", self.backend.put_job(id, seq, state, &body, self.fence()))
     }
 
     /// Every job document, in submission order.
@@ -473,7 +484,7 @@ impl Store {
         self.writes.check("keep evidence")?;
         let body = serde_json::to_string(evidence).map_err(json("keep evidence"))?;
         let row = EvidenceRow { workflow, node, command, body: &body, keep };
-        self.writes.passed(self.backend.put_evidence(row, self.fence()))
+        self.writes.passed("keep evidence", self.backend.put_evidence(row, self.fence()))
     }
 
     /// The evidence kept for `node`, newest first, at most `limit`.
