@@ -89,6 +89,7 @@ impl ProgressPoster {
     ) -> std::io::Result<Self> {
         let (sender, receiver) = mpsc::sync_channel::<Progress>(1);
         let (finished_sender, finished) = mpsc::channel::<()>();
+        let mut url = url;
         thread::Builder::new().name("progress-post".into()).spawn(move || {
             let _finished = finished_sender;
             let mut last_failure_log: Option<Instant> = None;
@@ -109,7 +110,21 @@ impl ProgressPoster {
                     .map(|rank| vec![rank as u32])
                     .unwrap_or_default();
                 latest = Some(progress.clone());
-                match post(&url, token.as_deref(), &progress) {
+                let mut outcome = post(&url, token.as_deref(), &progress);
+                // A standby repairer names the leader: posts go there from now on (once per
+                // post, so two repairers that name each other cannot loop).
+                if let Err(PostFailure { leader: Some(leader), .. }) = &outcome
+                    && let Ok(next) = HttpUrl::parse(&format!("{leader}{}", url.path))
+                    && next.authority != url.authority
+                {
+                    eprintln!(
+                        "fleetmend train: progress goes to the leading repairer, http://{}",
+                        next.authority
+                    );
+                    url = next;
+                    outcome = post(&url, token.as_deref(), &progress);
+                }
+                match outcome.map_err(|failure| failure.reason) {
                     Ok(reply) => {
                         if failing {
                             eprintln!("fleetmend train: progress posts to {} work again", url.path);
@@ -156,17 +171,45 @@ fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Why a post failed, and the leader's base URL when a standby repairer named it.
+#[derive(Debug)]
+struct PostFailure {
+    reason: String,
+    leader: Option<String>,
+}
+
+impl From<String> for PostFailure {
+    fn from(reason: String) -> Self {
+        PostFailure { reason, leader: None }
+    }
+}
+
+/// Connects to the first of `authority`'s addresses that answers: a name with one address per
+/// repairer reaches whichever is up.
+fn connect(authority: &str) -> Result<TcpStream, String> {
+    let addresses: Vec<_> =
+        authority.to_socket_addrs().map_err(|e| format!("resolving {authority}: {e}"))?.collect();
+    let mut failures = Vec::new();
+    for address in &addresses {
+        match TcpStream::connect_timeout(address, POST_TIMEOUT) {
+            Ok(stream) => return Ok(stream),
+            Err(err) => failures.push(format!("connecting to {address}: {err}")),
+        }
+    }
+    if failures.is_empty() {
+        return Err(format!("{authority} resolves to no address"));
+    }
+    Err(failures.join("; "))
+}
+
 /// One POST with a JSON body; the reply's [`ProgressReply`] (empty when the body has none).
-fn post(url: &HttpUrl, token: Option<&str>, progress: &Progress) -> Result<ProgressReply, String> {
+fn post(
+    url: &HttpUrl,
+    token: Option<&str>,
+    progress: &Progress,
+) -> Result<ProgressReply, PostFailure> {
     let body = serde_json::to_vec(progress).map_err(|e| e.to_string())?;
-    let address = url
-        .authority
-        .to_socket_addrs()
-        .map_err(|e| format!("resolving {}: {e}", url.authority))?
-        .next()
-        .ok_or_else(|| format!("{} resolves to no address", url.authority))?;
-    let mut stream = TcpStream::connect_timeout(&address, POST_TIMEOUT)
-        .map_err(|e| format!("connecting to {address}: {e}"))?;
+    let mut stream = connect(&url.authority)?;
     stream.set_read_timeout(Some(POST_TIMEOUT)).map_err(|e| e.to_string())?;
     stream.set_write_timeout(Some(POST_TIMEOUT)).map_err(|e| e.to_string())?;
     let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
@@ -191,7 +234,14 @@ fn post(url: &HttpUrl, token: Option<&str>, progress: &Progress) -> Result<Progr
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| format!("no HTTP status in the reply {head:?}"))?;
     if !(200..300).contains(&status) {
-        return Err(format!("HTTP {status}: {}", body.trim()));
+        let leader = head.lines().find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            let value = value.trim();
+            (name.trim().eq_ignore_ascii_case(fleetmend_proto::repairers::LEADER_HEADER)
+                && value.starts_with("http://"))
+            .then(|| value.trim_end_matches('/').to_owned())
+        });
+        return Err(PostFailure { reason: format!("HTTP {status}: {}", body.trim()), leader });
     }
     let chunked = head.lines().any(|l| {
         let l = l.to_ascii_lowercase();
@@ -201,7 +251,8 @@ fn post(url: &HttpUrl, token: Option<&str>, progress: &Progress) -> Result<Progr
     if body.trim().is_empty() {
         return Ok(ProgressReply::default());
     }
-    serde_json::from_str(body.trim()).map_err(|e| format!("reading the reply body: {e}"))
+    serde_json::from_str(body.trim())
+        .map_err(|e| PostFailure::from(format!("reading the reply body: {e}")))
 }
 
 /// The data of a chunked body (lenient: stops at anything malformed).
@@ -327,6 +378,40 @@ mod tests {
         assert_eq!(first.at_ms, 1);
         assert!(second.at_ms > 1, "a heartbeat carries its own time");
         assert!(second.waiting_for.is_empty(), "no collective: nobody is waited for");
+        poster.finish(Duration::from_secs(5));
+    }
+
+    /// A standby repairer answers 503 and names the leader: the same post goes to the leader at
+    /// once, and every later one too.
+    #[test]
+    fn a_standby_s_503_sends_the_posts_to_the_leader_it_names() {
+        let standby = TcpListener::bind("127.0.0.1:0").unwrap();
+        let leader = TcpListener::bind("127.0.0.1:0").unwrap();
+        let leader_url = format!("http://{}", leader.local_addr().unwrap());
+        let standby_port = standby.local_addr().unwrap().port();
+        let refused = thread::spawn(move || {
+            let (mut stream, _) = standby.accept().unwrap();
+            let mut buf = [0u8; 4096];
+            let mut request = Vec::new();
+            while !request.ends_with(b"}") {
+                let n = stream.read(&mut buf).unwrap();
+                assert!(n > 0);
+                request.extend_from_slice(&buf[..n]);
+            }
+            let reply = format!(
+                "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nFleetmend-Leader: {leader_url}\r\n\
+                 Content-Length: 2\r\n\r\n{{}}"
+            );
+            stream.write_all(reply.as_bytes()).unwrap();
+        });
+        let url =
+            HttpUrl::parse(&format!("http://127.0.0.1:{standby_port}/v1/jobs/j/progress")).unwrap();
+        let poster = ProgressPoster::start(url, None, Arc::new(AtomicU64::new(0)), None).unwrap();
+        poster.offer(progress(3));
+        refused.join().unwrap();
+        assert_eq!(accept_post(&leader).step, 3, "the refused post, sent again to the leader");
+        poster.offer(progress(4));
+        assert_eq!(accept_post(&leader).step, 4, "and the next one");
         poster.finish(Duration::from_secs(5));
     }
 
