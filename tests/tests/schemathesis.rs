@@ -1,18 +1,26 @@
 //! The repairer against its own OpenAPI document: schemathesis (PyPI) with every check, against
 //! the real `fleetmend repairer` on loopback, once with each credential a caller can hold (a
-//! person's of each role, the agent token, the alerts token). Zero failures: where the repairer
-//! and its document disagree, one of them is wrong.
+//! person's of each role, the agent token, the alerts token, a running rank's progress token, and
+//! on a second repairer with a token per node, one node's token). Zero failures: where the
+//! repairer and its document disagree, one of them is wrong.
+//!
+//! The rank's token is a real one: a real agent runs a rank of a job submitted to the embedded
+//! queue, and the rank writes the token it was given to a file.
 //!
 //! scripts/test installs schemathesis into its own venv and exports `SCHEMATHESIS`; without it
 //! this test fails, saying so.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use fleetmend_tests::{repairer_in, run_with_timeout, workspace_root};
+use fleetmend_tests::{
+    Running, fixture, fixture_flags, free_port, http_with_token, poll_until, repairer_in,
+    run_with_timeout, start_agent, workspace_root,
+};
 
 const AGENT: &str = "conformance-agent-token";
 const ALERTS: &str = "conformance-alerts-token";
@@ -26,9 +34,13 @@ const CALLERS: &[(&str, &str)] = &[
     ("alerts", ALERTS),
 ];
 
+/// The node whose token the per-node run holds, and that token.
+const NODE: &str = "n1";
+const NODE_TOKEN: &str = "conformance-node-n1-token";
+
 /// Test cases per operation and phase: enough to cross every bound, few enough for 2 busy cores.
 const MAX_EXAMPLES: &str = "12";
-/// One run's budget (the test's whole, five runs, stays under 3 minutes).
+/// One run's budget (the test's whole, seven runs, stays under 4 minutes).
 const MAX_SECONDS: &str = "25";
 
 /// `SCHEMATHESIS`, else the venv scripts/test installs, else `st` on PATH.
@@ -76,42 +88,122 @@ fn the_repairer_conforms_to_its_openapi_document_for_every_caller() {
              peer = {{ per_second = 100000.0, burst = 100000 }}\n"
         ),
     );
-    let config = workspace_root().join("tests/schemathesis.toml");
-    let mut failed = Vec::new();
+    // A running rank's token first, while the fleet is as it was set up (the other runs drain,
+    // cancel and submit whatever schemathesis makes up).
+    let (rank_token, mut agent) = rank_token(dir.path(), addr);
+    let mut failed: Vec<String> = Vec::new();
+    failed.extend(conforms(&st, addr, "rank", &rank_token, dir.path()));
     for (caller, token) in CALLERS {
-        let output = run_with_timeout(
-            Command::new(&st)
-                .arg("--config-file")
-                .arg(&config)
-                .arg("--no-color")
-                .arg("run")
-                .arg(format!("http://{addr}/v1/openapi.json"))
-                // Every check: schemathesis runs them all unless told otherwise, and the config
-                // file turns one off for one operation, saying why. (`--checks all` would
-                // override that file.)
-                .args(["--max-examples", MAX_EXAMPLES])
-                .args(["--max-time", MAX_SECONDS])
-                .args(["--request-timeout", "10"])
-                .args(["--workers", "2"])
-                .args(["--seed", "1"])
-                .args(["--generation-database", "none"])
-                .args(["--header", &format!("Authorization: Bearer {token}")])
-                .current_dir(dir.path()),
-            Duration::from_secs(120),
-        );
-        if !output.status.success() {
-            failed.push(format!(
-                "== as {caller}: schemathesis exited {}\n{}\n{}",
-                output.status,
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            ));
-        }
+        failed.extend(conforms(&st, addr, caller, token, dir.path()));
     }
+
+    // A repairer with a token per node: one node's token.
+    let nodes_dir = dir.path().join("per-node");
+    std::fs::create_dir_all(&nodes_dir).unwrap();
+    let hashes = nodes_dir.join("node-tokens.toml");
+    let digest = fleetmend_repairer::identity::hash(NODE_TOKEN);
+    std::fs::write(&hashes, format!("{NODE} = \"{digest}\"\n")).unwrap();
+    let (per_node, per_node_repairer) = repairer_in(
+        &nodes_dir,
+        &format!(
+            "node_tokens_file = {:?}\nalerts_token = \"{ALERTS}\"\n\
+             admin_token = \"conformance-per-node-admin-token\"\n[rate_limits]\n\
+             node = {{ per_second = 100000.0, burst = 100000 }}\n",
+            hashes.display().to_string()
+        ),
+    );
+    failed.extend(conforms(&st, per_node, "node", NODE_TOKEN, &nodes_dir));
+    if !failed.is_empty() {
+        failed.push(format!("== per-node repairer log\n{}", per_node_repairer.stderr()));
+    }
+    agent.terminate(Duration::from_secs(20));
     assert!(
         failed.is_empty(),
         "the repairer disagrees with its OpenAPI document:\n{}\n== repairer log\n{}",
         failed.join("\n"),
         repairer.stderr()
     );
+}
+
+/// Runs schemathesis against `addr` holding `token`; what failed, if anything.
+fn conforms(st: &Path, addr: SocketAddr, caller: &str, token: &str, dir: &Path) -> Option<String> {
+    let config = workspace_root().join("tests/schemathesis.toml");
+    let output = run_with_timeout(
+        Command::new(st)
+            .arg("--config-file")
+            .arg(&config)
+            .arg("--no-color")
+            .arg("run")
+            .arg(format!("http://{addr}/v1/openapi.json"))
+            // Every check: schemathesis runs them all unless told otherwise, and the config file
+            // turns one off for one operation, saying why. (`--checks all` would override that
+            // file.)
+            .args(["--max-examples", MAX_EXAMPLES])
+            .args(["--max-time", MAX_SECONDS])
+            .args(["--request-timeout", "10"])
+            .args(["--workers", "2"])
+            .args(["--seed", "1"])
+            .args(["--generation-database", "none"])
+            .args(["--header", &format!("Authorization: Bearer {token}")])
+            .current_dir(dir),
+        Duration::from_secs(120),
+    );
+    (!output.status.success()).then(|| {
+        format!(
+            "== as {caller}: schemathesis exited {}\n{}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })
+}
+
+/// A real agent for node n1 runs a rank of a job submitted as the admin; the rank writes the
+/// progress token it was given to a file, which is read back. The token and the agent, which
+/// keeps the rank running (stop it with SIGTERM: it stops its ranks).
+fn rank_token(dir: &Path, repairer: SocketAddr) -> (String, Running) {
+    let case = fixture("healthy");
+    let config = dir.join("agent-n1.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{}\n[report]\nrepairer = \"http://{repairer}\"\ntoken = \"{AGENT}\"\ninterval = \"300ms\"\n\
+             [jobs]\nenabled = true\ndir = \"{}\"\nadvertise_address = \"127.0.0.1\"\nstop_grace = \"2s\"\n",
+            std::fs::read_to_string(case.join("agent.toml")).unwrap(),
+            dir.join("jobs-n1").display(),
+        ),
+    )
+    .unwrap();
+    let mut flags = fixture_flags(&case);
+    flags.push(format!("--config={}", config.display()));
+    flags.push(format!("--node={NODE}"));
+    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let agent: Running = start_agent(dir, SocketAddr::from(([127, 0, 0, 1], free_port())), &args);
+
+    let written = dir.join("rank.token");
+    let script = format!(
+        "printf %s \"$FLEETMEND_PROGRESS_TOKEN\" > '{}.part' && mv '{0}.part' '{0}' && exec sleep 300",
+        written.display()
+    );
+    let spec = serde_json::json!({
+        "name": "conformance", "argv": ["sh", "-c", script], "nodes": 1,
+        "checkpoint_dir": dir.join("ckpt").display().to_string(),
+    });
+    let admin = CALLERS.iter().find(|(role, _)| *role == "admin").unwrap().1;
+    let mut submitted = None;
+    assert!(
+        poll_until(Duration::from_secs(30), || {
+            submitted = http_with_token(repairer, "/v1/jobs", admin, Some(&spec.to_string()));
+            submitted.as_ref().is_some_and(|(status, _)| *status == 201)
+        }),
+        "submitting the job failed: {submitted:?}\n{}",
+        agent.stderr()
+    );
+    assert!(
+        poll_until(Duration::from_secs(60), || std::fs::metadata(&written)
+            .is_ok_and(|m| m.len() > 0)),
+        "the rank did not start and write its token\n{}",
+        agent.stderr()
+    );
+    (std::fs::read_to_string(&written).unwrap(), agent)
 }

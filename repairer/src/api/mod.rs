@@ -530,11 +530,20 @@ fn read_action(
     if body.is_empty() {
         return Ok(None);
     }
-    // `null` names no action, as an empty body does.
-    let body: Option<ActionBody> = parse_json(&body).map_err(|e| {
+    // `null` names no action, as an empty body does. Only an object is an action body (serde
+    // would also read a struct from an array, which the document does not allow).
+    let expected = |e: String| {
         bad_request(format!("expected {{\"action\": \"drain\"|\"reboot\"|\"replace\"}}: {e}"))
-    })?;
-    Ok(body.and_then(|b| b.action))
+    };
+    let value: serde_json::Value = parse_json(&body).map_err(|e| expected(e.to_string()))?;
+    if value.is_null() {
+        return Ok(None);
+    }
+    if !value.is_object() {
+        return Err(expected("not an object".to_owned()));
+    }
+    let body: ActionBody = serde_json::from_value(value).map_err(|e| expected(e.to_string()))?;
+    Ok(body.action)
 }
 
 #[utoipa::path(
