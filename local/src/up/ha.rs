@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use fleetmend_repairer::client::Client;
 use fleetmend_repairer::clock::unix_now_ms as now_ms;
 use fleetmend_repairer::engine::NodeSummary;
+use fleetmend_repairer::leadership::{LeaderView, Role as LeaderRole};
 use fleetmend_repairer::postgres_server::PostgresServer;
 use fleetmend_repairer::queue::JobView;
 use serde::{Deserialize, Serialize};
@@ -70,23 +71,11 @@ pub struct RepairerProcess {
     pub restarts: u32,
 }
 
-/// A repairer's `GET /v1/leader`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct LeaderAnswer {
-    pub leader: Option<String>,
-    pub epoch: i64,
-    /// When the leader's lease lapses unless renewed (Unix ms, the database's clock).
-    pub lease_until_ms: Option<i64>,
-    pub this: String,
-    /// `leader` or `standby`.
-    pub role: String,
-}
-
 /// What the view shows: every repairer with its answer, and the fleet as one of them sees it.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     /// Each repairer and its answer to `GET /v1/leader` (none: it did not answer).
-    pub repairers: Vec<(RepairerProcess, Option<LeaderAnswer>)>,
+    pub repairers: Vec<(RepairerProcess, Option<LeaderView>)>,
     pub nodes: Vec<NodeSummary>,
     pub jobs: Vec<JobView>,
     /// What happened to the repairer processes, oldest first: (Unix ms, line).
@@ -98,7 +87,7 @@ impl Snapshot {
     pub fn leader(&self) -> Option<&str> {
         let answers = || self.repairers.iter().filter_map(|(_, a)| a.as_ref());
         answers()
-            .find(|a| a.role == "leader")
+            .find(|a| a.role == LeaderRole::Leader)
             .map(|a| a.this.as_str())
             .or_else(|| answers().find_map(|a| a.leader.as_deref()))
     }
@@ -531,7 +520,11 @@ impl HaFleet {
                 answers.push((process.clone(), leader_of(http, &process.url).await));
             }
             let all = answers.iter().all(|(_, a)| a.is_some());
-            if all && answers.iter().any(|(_, a)| a.as_ref().is_some_and(|a| a.role == "leader")) {
+            if all
+                && answers
+                    .iter()
+                    .any(|(_, a)| a.as_ref().is_some_and(|a| a.role == LeaderRole::Leader))
+            {
                 self.repairers.snapshot().repairers = answers;
                 return Ok(());
             }
@@ -730,7 +723,7 @@ fn write_fleet(state_dir: &Path, file: &FleetFile) {
 }
 
 /// A repairer's answer to `GET /v1/leader`, or none.
-async fn leader_of(http: &reqwest::Client, url: &str) -> Option<LeaderAnswer> {
+async fn leader_of(http: &reqwest::Client, url: &str) -> Option<LeaderView> {
     let response = http.get(format!("{url}/v1/leader")).send().await.ok()?;
     if !response.status().is_success() {
         return None;
@@ -846,22 +839,22 @@ mod tests {
             log: PathBuf::new(),
             restarts: 0,
         };
-        let answer = |this: &str, role: &str, leader: Option<&str>| LeaderAnswer {
+        let answer = |this: &str, role: LeaderRole, leader: Option<&str>| LeaderView {
             leader: leader.map(str::to_owned),
             epoch: 2,
             lease_until_ms: None,
             this: this.to_owned(),
-            role: role.to_owned(),
+            role,
         };
         let mut snapshot = Snapshot {
             repairers: vec![
-                (process("a"), Some(answer("http://a", "standby", Some("http://b")))),
+                (process("a"), Some(answer("http://a", LeaderRole::Standby, Some("http://b")))),
                 (process("b"), None),
             ],
             ..Snapshot::default()
         };
         assert_eq!(snapshot.leader(), Some("http://b"));
-        snapshot.repairers[1].1 = Some(answer("http://b", "leader", Some("http://b")));
+        snapshot.repairers[1].1 = Some(answer("http://b", LeaderRole::Leader, Some("http://b")));
         assert_eq!(snapshot.leader(), Some("http://b"));
         snapshot.repairers = Vec::new();
         assert_eq!(snapshot.leader(), None);

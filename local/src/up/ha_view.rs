@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use super::ha::{HaFleet, LeaderAnswer, RepairerProcess};
+use fleetmend_repairer::leadership::{LeaderView, Role as LeaderRole};
+
+use super::ha::{HaFleet, RepairerProcess};
 
 /// The lines already printed, to print only what changed.
 #[derive(Debug, Default)]
@@ -18,12 +20,12 @@ pub struct HaLog {
 }
 
 /// One repairer as a line: name, URL, PID, role.
-pub fn repairer_line(process: &RepairerProcess, answer: Option<&LeaderAnswer>) -> String {
+pub fn repairer_line(process: &RepairerProcess, answer: Option<&LeaderView>) -> String {
     let pid = process.pid.map_or_else(|| "-".to_owned(), |pid| pid.to_string());
     let role = match (process.pid, answer) {
         (None, _) => "not running".to_owned(),
         (Some(_), None) => "not answering".to_owned(),
-        (Some(_), Some(a)) if a.role == "leader" => format!("leader (epoch {})", a.epoch),
+        (Some(_), Some(a)) if a.role == LeaderRole::Leader => format!("leader (epoch {})", a.epoch),
         (Some(_), Some(a)) => match &a.leader {
             Some(leader) => format!("standby (leader {leader}, epoch {})", a.epoch),
             None => "standby (no leader)".to_owned(),
