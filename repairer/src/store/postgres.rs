@@ -7,8 +7,17 @@
 //! a channel as a closure; the caller waits for the answer with a deadline (the connect timeout
 //! plus the statement timeout plus a margin) and gets [`StoreError::Timeout`] past it. The
 //! server bounds each statement itself (`statement_timeout`, which also bounds lock waits). Calls
-//! are short (one to four round trips) and, as with SQLite's mutex, run one at a time; one
-//! connection per repairer is plenty for its write rate and keeps the design small.
+//! are short and, as with SQLite's mutex, run one at a time; one connection per repairer is plenty
+//! for its write rate and keeps the design small.
+//!
+//! Round trips. Each call's statements are prepared once per connection and kept, so running one
+//! is a single round trip (Bind, Execute, Sync) instead of two (Parse and Describe first). Every
+//! write of one row is one statement, committed on its own (an implicit transaction): the fence
+//! check, the event lock and the write are parts of it (`WITH` clauses), so a write costs one round
+//! trip and one WAL flush, where `BEGIN`, a check, the write and `COMMIT` took four to eight round
+//! trips. Each round trip is a switch to the server's process and back: on a busy machine the
+//! switches, not the statements, are what a write waits for, and a write made with the fleet's
+//! nodes lock held makes every report wait with it.
 //!
 //! Reconnection. The connection is opened on the first call and again on the first call after it
 //! broke (the server restarted, the network dropped): a call that meets a broken connection fails
@@ -28,8 +37,9 @@
 //! Leadership and fencing. One `leadership` row holds the lease: holder, epoch and expiry, the
 //! expiry computed by the database's clock (`clock_timestamp()`), never a caller's. Taking it
 //! when it is free or lapsed increments the epoch; its holder renews it in place. A write fenced
-//! with epoch E first reads the row `FOR SHARE` in its own transaction and is refused
-//! ([`StoreError::Fenced`], rolled back, nothing stored) when the row's epoch is above E. The
+//! with epoch E first reads the row `FOR SHARE` in its own transaction (its statement's `lease`
+//! clause, which the write's condition reads before any row is written) and is refused
+//! ([`StoreError::Fenced`], nothing stored) when the row's epoch is above E. The
 //! share lock conflicts with the row lock an acquire's UPDATE takes, so a write and a change of
 //! holder are ordered: a write that passed the check commits before the new epoch does, and a
 //! write that starts after it sees the new epoch.
@@ -38,10 +48,12 @@
 //! migration applied in its own transaction under an advisory lock (two repairers starting at
 //! once migrate once), and a schema newer than this repairer's is refused.
 
+use std::collections::HashMap;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use postgres::{Client, NoTls};
+use postgres::types::ToSql;
+use postgres::{Client, NoTls, Row, Statement};
 
 use super::location::PostgresLocation;
 use super::{EventRow, EvidenceRow, Fence, Lease, StoreBackend, StoreError};
@@ -144,6 +156,9 @@ impl From<postgres::Error> for CallError {
 /// A call run on the connection's thread.
 type Job = Box<dyn FnOnce(&mut Session) + Send>;
 
+/// Parameters of one statement, as the driver takes them.
+type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
+
 /// The PostgreSQL store.
 #[derive(Debug)]
 pub struct PostgresStore {
@@ -157,16 +172,72 @@ pub struct PostgresStore {
 struct Session {
     config: postgres::Config,
     statement_timeout: Duration,
-    client: Option<Client>,
+    connection: Option<Connection>,
+}
+
+/// An open connection and the statements prepared on it (they live as long as it does).
+struct Connection {
+    client: Client,
+    prepared: HashMap<&'static str, Statement>,
+}
+
+impl Connection {
+    /// `sql` prepared on this connection, once.
+    fn statement(&mut self, sql: &'static str) -> Result<Statement, postgres::Error> {
+        if let Some(statement) = self.prepared.get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = self.client.prepare(sql)?;
+        self.prepared.insert(sql, statement.clone());
+        Ok(statement)
+    }
+
+    fn query(&mut self, sql: &'static str, params: Params<'_>) -> Result<Vec<Row>, CallError> {
+        let statement = self.statement(sql)?;
+        Ok(self.client.query(&statement, params)?)
+    }
+
+    fn query_one(&mut self, sql: &'static str, params: Params<'_>) -> Result<Row, CallError> {
+        let statement = self.statement(sql)?;
+        Ok(self.client.query_one(&statement, params)?)
+    }
+
+    fn query_opt(
+        &mut self,
+        sql: &'static str,
+        params: Params<'_>,
+    ) -> Result<Option<Row>, CallError> {
+        let statement = self.statement(sql)?;
+        Ok(self.client.query_opt(&statement, params)?)
+    }
+
+    /// Runs a fenced write: `sql` is one statement (made by [`fenced_write!`]) answering one row,
+    /// the lease's epoch and what the write returned (none when the fence held it back). Refused
+    /// when a newer epoch than `fence` holds the lease.
+    fn fenced(
+        &mut self,
+        sql: &'static str,
+        params: Params<'_>,
+        fence: Fence,
+    ) -> Result<Option<i64>, CallError> {
+        let row = self.query_one(sql, params)?;
+        let newer: Option<i64> = row.get(0);
+        if let (Some(epoch), Some(newer)) = (fence, newer)
+            && newer > epoch
+        {
+            return Err(CallError::Fenced { epoch, newer });
+        }
+        Ok(row.get(1))
+    }
 }
 
 impl Session {
-    fn client(&mut self) -> Result<&mut Client, postgres::Error> {
-        if self.client.as_ref().is_some_and(Client::is_closed) {
-            self.client = None;
+    fn connection(&mut self) -> Result<&mut Connection, postgres::Error> {
+        if self.connection.as_ref().is_some_and(|c| c.client.is_closed()) {
+            self.connection = None;
         }
-        match &mut self.client {
-            Some(client) => Ok(client),
+        match &mut self.connection {
+            Some(connection) => Ok(connection),
             slot => {
                 let mut client = self.config.connect(NoTls)?;
                 client.batch_execute(&format!(
@@ -174,24 +245,24 @@ impl Session {
                     self.statement_timeout.as_millis(),
                     self.statement_timeout.as_millis() * 2,
                 ))?;
-                Ok(slot.insert(client))
+                Ok(slot.insert(Connection { client, prepared: HashMap::new() }))
             }
         }
     }
 
     fn run<T>(
         &mut self,
-        f: impl FnOnce(&mut Client) -> Result<T, CallError>,
+        f: impl FnOnce(&mut Connection) -> Result<T, CallError>,
     ) -> Result<T, CallError> {
-        let result = match self.client() {
-            Ok(client) => f(client),
+        let result = match self.connection() {
+            Ok(connection) => f(connection),
             Err(err) => Err(CallError::Postgres(err)),
         };
         if let Err(CallError::Postgres(err)) = &result
             && connection_lost(err)
         {
-            // The next call opens a new connection.
-            self.client = None;
+            // The next call opens a new connection (and prepares its statements again).
+            self.connection = None;
         }
         result
     }
@@ -234,7 +305,8 @@ impl PostgresStore {
             config.application_name("fleetmend-repairer");
         }
         let (jobs, queue) = mpsc::channel::<Job>();
-        let mut session = Session { config, statement_timeout: timeouts.statement, client: None };
+        let mut session =
+            Session { config, statement_timeout: timeouts.statement, connection: None };
         let store = PostgresStore {
             location: location.redacted().to_owned(),
             password: location.password().filter(|p| !p.is_empty()),
@@ -281,7 +353,7 @@ impl PostgresStore {
     fn call<T: Send + 'static>(
         &self,
         operation: &'static str,
-        f: impl FnOnce(&mut Client) -> Result<T, CallError> + Send + 'static,
+        f: impl FnOnce(&mut Connection) -> Result<T, CallError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let (reply, answer) = mpsc::sync_channel(1);
         let job: Job = Box::new(move |session: &mut Session| {
@@ -310,7 +382,9 @@ impl PostgresStore {
 
     fn migrate(&self) -> Result<(), StoreError> {
         for version in 1..=MIGRATIONS.len() {
-            let step = self.call("migrate", move |client| Ok(migrate_to(client, version)?));
+            let step = self.call("migrate", move |connection| {
+                Ok(migrate_to(&mut connection.client, version)?)
+            });
             match step {
                 Ok(Migrated::Done) => {}
                 Ok(Migrated::TooNew(found)) => {
@@ -344,8 +418,8 @@ impl PostgresStore {
         operation: &'static str,
         query: &'static str,
     ) -> Result<Vec<String>, StoreError> {
-        self.call(operation, move |client| {
-            Ok(client.query(query, &[])?.iter().map(|row| row.get(0)).collect())
+        self.call(operation, move |connection| {
+            Ok(connection.query(query, &[])?.iter().map(|row| row.get(0)).collect())
         })
     }
 
@@ -359,33 +433,97 @@ impl PostgresStore {
     ) -> Result<Vec<String>, StoreError> {
         let node = node.to_owned();
         let limit = limit as i64;
-        self.call(operation, move |client| {
-            Ok(client.query(query, &[&node, &limit])?.iter().map(|row| row.get(0)).collect())
+        self.call(operation, move |connection| {
+            Ok(connection.query(query, &[&node, &limit])?.iter().map(|row| row.get(0)).collect())
         })
     }
 
-    /// Runs one statement with owned parameters in its own transaction, fenced with `fence`.
+    /// Runs the fenced write `statement` (made by [`fenced_write!`]) with owned parameters, the
+    /// fence last; returns what it wrote (none where it wrote no row).
     fn write(
         &self,
         operation: &'static str,
         statement: &'static str,
-        params: Vec<Box<dyn postgres::types::ToSql + Send + Sync>>,
+        params: Vec<Box<dyn ToSql + Send + Sync>>,
         fence: Fence,
-    ) -> Result<(), StoreError> {
-        self.call(operation, move |client| {
-            let params: Vec<&(dyn postgres::types::ToSql + Sync)> =
-                params.iter().map(|p| p.as_ref() as &(dyn postgres::types::ToSql + Sync)).collect();
-            let mut tx = client.transaction()?;
-            check_fence(&mut tx, fence)?;
-            tx.execute(statement, &params)?;
-            tx.commit()?;
-            Ok(())
+    ) -> Result<Option<i64>, StoreError> {
+        self.call(operation, move |connection| {
+            let mut params: Vec<&(dyn ToSql + Sync)> =
+                params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)).collect();
+            params.push(&fence);
+            connection.fenced(statement, &params, fence)
         })
     }
 }
 
+/// One statement that writes only while no newer epoch than the fence (the parameter `$fence`;
+/// NULL for none) holds the lease, and answers one row: the lease's epoch and the largest `id`
+/// the write returned (NULL where it wrote nothing). `lease` reads the leadership row `FOR SHARE`
+/// and `allowed` (one row, or none when fenced off) is read before any row is written; the write
+/// is the clause `written`, taking its rows `FROM allowed`.
+macro_rules! fenced_write {
+    ($fence:literal, $write:literal) => {
+        concat!(
+            "WITH lease AS (SELECT epoch FROM leadership FOR SHARE), ",
+            "allowed AS (SELECT WHERE ",
+            $fence,
+            "::BIGINT IS NULL OR ",
+            $fence,
+            "::BIGINT >= ALL (SELECT epoch FROM lease)), ",
+            "written AS (",
+            $write,
+            ") SELECT (SELECT max(epoch) FROM lease), (SELECT max(id) FROM written)"
+        )
+    };
+}
+
+/// An event appended; `$5` is [`EVENT_LOCK`], taken after the fence and before the id (module
+/// doc), held to the statement's commit.
+const APPEND_EVENT: &str = fenced_write!(
+    "$6",
+    "INSERT INTO events (at_ms, kind, node, body)
+     SELECT $1::BIGINT, $2::TEXT, $3::TEXT, $4::TEXT
+     FROM (SELECT pg_advisory_xact_lock($5::BIGINT) FROM allowed) AS event_lock
+     RETURNING id"
+);
+
+const PUT_NODE: &str = fenced_write!(
+    "$4",
+    "INSERT INTO nodes (name, state, body) SELECT $1::TEXT, $2::TEXT, $3::TEXT FROM allowed
+     ON CONFLICT (name) DO UPDATE SET state = excluded.state, body = excluded.body
+     RETURNING 0::BIGINT AS id"
+);
+
+const INSERT_WORKFLOW: &str = fenced_write!(
+    "$3",
+    "INSERT INTO workflows (node, open, body) SELECT $1::TEXT, TRUE, $2::TEXT FROM allowed
+     RETURNING id"
+);
+
+const UPDATE_WORKFLOW: &str = fenced_write!(
+    "$4",
+    "UPDATE workflows SET open = $2::BOOLEAN, body = $3::TEXT FROM allowed
+     WHERE id = $1::BIGINT RETURNING id"
+);
+
+const PUT_SETTING: &str = fenced_write!(
+    "$3",
+    "INSERT INTO settings (key, body) SELECT $1::TEXT, $2::TEXT FROM allowed
+     ON CONFLICT (key) DO UPDATE SET body = excluded.body
+     RETURNING 0::BIGINT AS id"
+);
+
+const PUT_JOB: &str = fenced_write!(
+    "$5",
+    "INSERT INTO jobs (id, seq, state, body) SELECT $1::TEXT, $2::BIGINT, $3::TEXT, $4::TEXT
+     FROM allowed
+     ON CONFLICT (id) DO UPDATE SET state = excluded.state, body = excluded.body
+     RETURNING 0::BIGINT AS id"
+);
+
 /// Refuses the transaction's write when a newer epoch than `fence` holds the lease; the share
-/// lock on the leadership row orders this write against a change of holder (module doc).
+/// lock on the leadership row orders this write against a change of holder (module doc). For a
+/// write of several statements; one of one statement is a [`fenced_write!`].
 fn check_fence(tx: &mut postgres::Transaction<'_>, fence: Fence) -> Result<(), CallError> {
     let Some(epoch) = fence else { return Ok(()) };
     let newer: i64 = tx.query_one("SELECT epoch FROM leadership FOR SHARE", &[])?.get(0);
@@ -432,31 +570,26 @@ impl StoreBackend for PostgresStore {
     }
 
     fn schema_version(&self) -> Result<usize, StoreError> {
-        self.call("read the schema version", |client| {
-            let row = client.query_opt("SELECT version FROM schema_version", &[])?;
+        self.call("read the schema version", |connection| {
+            let row = connection.query_opt("SELECT version FROM schema_version", &[])?;
             Ok(row.map(|row| row.get::<_, i32>(0)).unwrap_or(0).max(0) as usize)
         })
     }
 
     fn append_event(&self, event: EventRow<'_>, fence: Fence) -> Result<i64, StoreError> {
-        let (at_ms, kind, node, body) = (
-            event.at_ms,
-            event.kind.to_owned(),
-            event.node.map(str::to_owned),
-            event.body.to_owned(),
-        );
-        self.call("append event", move |client| {
-            let mut tx = client.transaction()?;
-            check_fence(&mut tx, fence)?;
-            // Held to COMMIT: ids are committed in the order they are taken (see the module doc).
-            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&EVENT_LOCK])?;
-            let row = tx.query_one(
-                "INSERT INTO events (at_ms, kind, node, body) VALUES ($1, $2, $3, $4) RETURNING id",
-                &[&at_ms, &kind, &node, &body],
-            )?;
-            tx.commit()?;
-            Ok(row.get(0))
-        })
+        let id = self.write(
+            "append event",
+            APPEND_EVENT,
+            vec![
+                Box::new(event.at_ms),
+                Box::new(event.kind.to_owned()),
+                Box::new(event.node.map(str::to_owned)),
+                Box::new(event.body.to_owned()),
+                Box::new(EVENT_LOCK),
+            ],
+            fence,
+        )?;
+        id.ok_or_else(|| self.failure("append event", "the write returned no id".into()))
     }
 
     fn events(
@@ -467,8 +600,8 @@ impl StoreBackend for PostgresStore {
     ) -> Result<Vec<(i64, String)>, StoreError> {
         let node = node.map(str::to_owned);
         let limit = limit as i64;
-        self.call("read events", move |client| {
-            let rows = client.query(
+        self.call("read events", move |connection| {
+            let rows = connection.query(
                 "SELECT id, body FROM events WHERE id > $1 AND ($2::TEXT IS NULL OR node = $2)
                  ORDER BY id LIMIT $3",
                 &[&after, &node, &limit],
@@ -478,8 +611,8 @@ impl StoreBackend for PostgresStore {
     }
 
     fn newest_event_id(&self) -> Result<i64, StoreError> {
-        self.call("read the newest event id", |client| {
-            let row = client.query_one("SELECT MAX(id) FROM events", &[])?;
+        self.call("read the newest event id", |connection| {
+            let row = connection.query_one("SELECT MAX(id) FROM events", &[])?;
             Ok(row.get::<_, Option<i64>>(0).unwrap_or(0))
         })
     }
@@ -493,11 +626,11 @@ impl StoreBackend for PostgresStore {
     ) -> Result<(), StoreError> {
         self.write(
             "save node",
-            "INSERT INTO nodes (name, state, body) VALUES ($1, $2, $3)
-             ON CONFLICT (name) DO UPDATE SET state = excluded.state, body = excluded.body",
+            PUT_NODE,
             vec![Box::new(name.to_owned()), Box::new(state.to_owned()), Box::new(body.to_owned())],
             fence,
-        )
+        )?;
+        Ok(())
     }
 
     fn nodes(&self) -> Result<Vec<String>, StoreError> {
@@ -505,17 +638,13 @@ impl StoreBackend for PostgresStore {
     }
 
     fn insert_workflow(&self, node: &str, body: &str, fence: Fence) -> Result<i64, StoreError> {
-        let (node, body) = (node.to_owned(), body.to_owned());
-        self.call("create workflow", move |client| {
-            let mut tx = client.transaction()?;
-            check_fence(&mut tx, fence)?;
-            let row = tx.query_one(
-                "INSERT INTO workflows (node, open, body) VALUES ($1, TRUE, $2) RETURNING id",
-                &[&node, &body],
-            )?;
-            tx.commit()?;
-            Ok(row.get(0))
-        })
+        let id = self.write(
+            "create workflow",
+            INSERT_WORKFLOW,
+            vec![Box::new(node.to_owned()), Box::new(body.to_owned())],
+            fence,
+        )?;
+        id.ok_or_else(|| self.failure("create workflow", "the write returned no id".into()))
     }
 
     fn update_workflow(
@@ -527,10 +656,11 @@ impl StoreBackend for PostgresStore {
     ) -> Result<(), StoreError> {
         self.write(
             "update workflow",
-            "UPDATE workflows SET open = $2, body = $3 WHERE id = $1",
+            UPDATE_WORKFLOW,
             vec![Box::new(id), Box::new(open), Box::new(body.to_owned())],
             fence,
-        )
+        )?;
+        Ok(())
     }
 
     fn open_workflows(&self) -> Result<Vec<String>, StoreError> {
@@ -548,8 +678,8 @@ impl StoreBackend for PostgresStore {
 
     fn setting(&self, key: &str) -> Result<Option<String>, StoreError> {
         let key = key.to_owned();
-        self.call("read setting", move |client| {
-            let row = client.query_opt("SELECT body FROM settings WHERE key = $1", &[&key])?;
+        self.call("read setting", move |connection| {
+            let row = connection.query_opt("SELECT body FROM settings WHERE key = $1", &[&key])?;
             Ok(row.map(|row| row.get(0)))
         })
     }
@@ -557,11 +687,11 @@ impl StoreBackend for PostgresStore {
     fn put_setting(&self, key: &str, body: &str, fence: Fence) -> Result<(), StoreError> {
         self.write(
             "save setting",
-            "INSERT INTO settings (key, body) VALUES ($1, $2)
-             ON CONFLICT (key) DO UPDATE SET body = excluded.body",
+            PUT_SETTING,
             vec![Box::new(key.to_owned()), Box::new(body.to_owned())],
             fence,
-        )
+        )?;
+        Ok(())
     }
 
     fn put_job(
@@ -574,8 +704,7 @@ impl StoreBackend for PostgresStore {
     ) -> Result<(), StoreError> {
         self.write(
             "save job",
-            "INSERT INTO jobs (id, seq, state, body) VALUES ($1, $2, $3, $4)
-             ON CONFLICT (id) DO UPDATE SET state = excluded.state, body = excluded.body",
+            PUT_JOB,
             vec![
                 Box::new(id.to_owned()),
                 Box::new(seq as i64),
@@ -583,7 +712,8 @@ impl StoreBackend for PostgresStore {
                 Box::new(body.to_owned()),
             ],
             fence,
-        )
+        )?;
+        Ok(())
     }
 
     fn jobs(&self) -> Result<Vec<String>, StoreError> {
@@ -598,8 +728,8 @@ impl StoreBackend for PostgresStore {
             evidence.body.to_owned(),
             evidence.keep as i64,
         );
-        self.call("keep evidence", move |client| {
-            let mut tx = client.transaction()?;
+        self.call("keep evidence", move |connection| {
+            let mut tx = connection.client.transaction()?;
             check_fence(&mut tx, fence)?;
             tx.execute(
                 "INSERT INTO evidence (workflow, node, command, body) VALUES ($1, $2, $3, $4)
@@ -628,7 +758,7 @@ impl StoreBackend for PostgresStore {
     fn acquire(&self, holder: &str, ttl: Duration) -> Result<Option<Lease>, StoreError> {
         let holder = holder.to_owned();
         let ttl_ms = ttl.as_millis() as i64;
-        self.call("acquire the lease", move |client| {
+        self.call("acquire the lease", move |connection| {
             // Free, lapsed or already ours: taken (a new epoch unless ours and live) or renewed.
             let query = format!(
                 "UPDATE leadership SET
@@ -639,14 +769,14 @@ impl StoreBackend for PostgresStore {
                  WHERE holder IS NULL OR holder = $1 OR expires_at <= clock_timestamp()
                  RETURNING {LEASE_COLUMNS}"
             );
-            Ok(client.query_opt(&query, &[&holder, &ttl_ms])?.as_ref().map(lease))
+            Ok(connection.client.query_opt(&query, &[&holder, &ttl_ms])?.as_ref().map(lease))
         })
     }
 
     fn release(&self, holder: &str) -> Result<(), StoreError> {
         let holder = holder.to_owned();
-        self.call("release the lease", move |client| {
-            client.execute(
+        self.call("release the lease", move |connection| {
+            connection.client.execute(
                 "UPDATE leadership SET holder = NULL, expires_at = '-infinity' WHERE holder = $1",
                 &[&holder],
             )?;
@@ -655,9 +785,9 @@ impl StoreBackend for PostgresStore {
     }
 
     fn current(&self) -> Result<Option<Lease>, StoreError> {
-        self.call("read the lease", |client| {
+        self.call("read the lease", |connection| {
             let query = format!("SELECT {LEASE_COLUMNS} FROM leadership WHERE holder IS NOT NULL");
-            Ok(client.query_opt(&query, &[])?.as_ref().map(lease))
+            Ok(connection.client.query_opt(&query, &[])?.as_ref().map(lease))
         })
     }
 }
