@@ -283,7 +283,9 @@ fn start_repairer(
     // 200 of 100,000 nodes is 0.2 %: far below max_unavailable_fraction (10 %). The breaker
     // (see BreakerSettings) is written out so the reader sees what it lets through.
     // unreachable_after: see UNREACHABLE_AFTER. The node rate is lifted: the generator replays
-    // agents far faster than they report, and the ingest is measured, not the rate limit.
+    // agents far faster than they report, and the ingest is measured, not the rate limit; so is
+    // the person rate: the read-back after the storm reads 1,000 audit logs at once as the admin
+    // (at the default 50/s with a burst of 500, a store that answers them fast gets the rest 429).
     let text = format!(
         "listen = \"{addr}\"\n\
          store = \"{}\"\n\
@@ -302,7 +304,8 @@ fn start_repairer(
          report_interval = \"10s\"\n\
          unreachable_after = {UNREACHABLE_AFTER}\n\
          [rate_limits]\n\
-         node = {{ per_second = 1e9, burst = 1000000 }}\n",
+         node = {{ per_second = 1e9, burst = 1000000 }}\n\
+         person = {{ per_second = 1e9, burst = 1000000 }}\n",
         store.display(),
         breaker.fraction,
         breaker.min_nodes,

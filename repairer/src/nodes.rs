@@ -20,7 +20,7 @@ use crate::model::{
 };
 use crate::policy::{FleetView, RepairRecord};
 use crate::ports::{EventLog, Heartbeats, NodeHealth};
-use crate::store::StoreError;
+use crate::store::{Pending, StoreError};
 
 /// A change to a node record could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -515,9 +515,7 @@ impl NodesGuard<'_> {
 
     /// Writes the node `name` to the store.
     pub(crate) fn save(&self, name: &str) -> Result<(), StoreError> {
-        let Some(node) = self.inner.records.get(name) else { return Ok(()) };
-        let store = self.events.store();
-        self.events.write("put_node", store.put_node(&node.name, node.state.as_str(), node))
+        self.start_save(name).wait()
     }
 
     /// The fleet as the guard rails see it (breaker not filled in), and, when `breaker_window_ms`
@@ -554,6 +552,34 @@ impl NodesGuard<'_> {
                 Ok(())
             });
         }
+    }
+}
+
+impl<'a> NodesGuard<'a> {
+    /// Starts writing the node `name` to the store, in the order of the lock, for the caller to
+    /// wait for once it let the lock go (see [`crate::store::Pending`]); an ingest whose write
+    /// waits on a database then holds no other report up meanwhile.
+    pub(crate) fn start_save(&self, name: &str) -> Saving<'a> {
+        let pending = match self.inner.records.get(name) {
+            Some(node) => self.events.store().start_put_node(&node.name, node.state.as_str(), node),
+            None => Pending::done(Ok(())),
+        };
+        Saving { pending, events: self.events }
+    }
+}
+
+/// A node's write started by [`NodesGuard::start_save`].
+#[must_use = "what the write records is acted on only once it was waited for"]
+#[derive(Debug)]
+pub(crate) struct Saving<'a> {
+    pending: Pending<()>,
+    events: &'a EventLog,
+}
+
+impl Saving<'_> {
+    /// Waits for the write; a failure is logged and counted as every store write's is.
+    pub(crate) fn wait(self) -> Result<(), StoreError> {
+        self.events.write("put_node", self.pending.wait())
     }
 }
 

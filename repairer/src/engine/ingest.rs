@@ -92,10 +92,13 @@ impl Engine {
             changed |= track(node, FindingSource::Agent, &incoming, now);
             Ok((changed, rebooted, changed || new_agent || moved_target || moved_address))
         })?;
-        if save {
-            nodes.save(&report.node)?;
-        }
+        // Started under the lock (so a node's writes are made in the order of its changes) and
+        // waited for after it: no other report waits for this one's write.
+        let saving = save.then(|| nodes.start_save(&report.node));
         drop(nodes);
+        if let Some(saving) = saving {
+            saving.wait()?;
+        }
         // Only a change that decide() reads decides again: deciding on every first report made
         // 100,000 joining nodes 100,000 decisions for nothing (see BENCHMARKS.md).
         if changed {
@@ -162,10 +165,9 @@ impl Engine {
             let changed = track(node, FindingSource::Agent, &incoming, now);
             Ok(joined || left || new_agent || changed)
         })?;
-        if save {
-            nodes.save(&report.node)?;
-        }
-        Ok(())
+        let saving = save.then(|| nodes.start_save(&report.node));
+        drop(nodes);
+        saving.map_or(Ok(()), |saving| Ok(saving.wait()?))
     }
 
     /// Takes in findings from an external alert source for `node`: `firing` ones are tracked,

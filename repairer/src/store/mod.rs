@@ -109,6 +109,30 @@ pub struct Lease {
 /// The epoch a write is fenced with: `None` for a store that holds no lease (one repairer).
 pub type Fence = Option<i64>;
 
+/// A write started and not waited for yet ([`Store::start_put_node`]): [`Pending::wait`] answers
+/// whether it was made. It lets a caller holding a lock start a write in the lock's order and
+/// wait for it after letting the lock go.
+#[must_use = "what a write records is acted on only once it was waited for"]
+pub struct Pending<T>(Box<dyn FnOnce() -> Result<T, StoreError> + Send>);
+
+impl<T: Send + 'static> Pending<T> {
+    /// A write already made or refused.
+    pub fn done(result: Result<T, StoreError>) -> Pending<T> {
+        Pending(Box::new(move || result))
+    }
+
+    /// Waits for the write's outcome (at most the backend's own bound on a call).
+    pub fn wait(self) -> Result<T, StoreError> {
+        (self.0)()
+    }
+}
+
+impl<T> std::fmt::Debug for Pending<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Pending")
+    }
+}
+
 /// What a store backend does; documents are JSON strings. Every call is one transaction: it
 /// happens whole or not at all.
 pub trait StoreBackend: Send + Sync + std::fmt::Debug {
@@ -130,6 +154,12 @@ pub trait StoreBackend: Send + Sync + std::fmt::Debug {
     fn put_node(&self, name: &str, state: &str, body: &str, fence: Fence)
     -> Result<(), StoreError>;
     /// Every node document, by name.
+    /// Starts saving a node document: the write is made after every write this store started
+    /// before it and before every write started after it. By default it is made at once (a
+    /// backend whose writes take microseconds); a backend that waits on a server returns first.
+    fn start_put_node(&self, name: &str, state: &str, body: &str, fence: Fence) -> Pending<()> {
+        Pending::done(self.put_node(name, state, body, fence))
+    }
     fn nodes(&self) -> Result<Vec<String>, StoreError>;
     fn insert_workflow(&self, node: &str, body: &str, fence: Fence) -> Result<i64, StoreError>;
     fn update_workflow(
@@ -393,6 +423,21 @@ impl Store {
         self.writes.check("save node")?;
         let body = serde_json::to_string(node).map_err(json("save node"))?;
         self.writes.passed("save node", self.backend.put_node(name, state, &body, self.fence()))
+    }
+
+    /// Starts saving a node document (see [`StoreBackend::start_put_node`]): wait for it before
+    /// acting on what it records.
+    pub fn start_put_node<T: Serialize>(&self, name: &str, state: &str, node: &T) -> Pending<()> {
+        if let Err(err) = self.writes.check("save node") {
+            return Pending::done(Err(err));
+        }
+        let body = match serde_json::to_string(node) {
+            Ok(body) => body,
+            Err(err) => return Pending::done(Err(json("save node")(err))),
+        };
+        let pending = self.backend.start_put_node(name, state, &body, self.fence());
+        let writes = self.writes.clone();
+        Pending(Box::new(move || writes.passed("save node", pending.wait())))
     }
 
     /// Every node document.

@@ -49,14 +49,14 @@
 //! once migrate once), and a schema newer than this repairer's is refused.
 
 use std::collections::HashMap;
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use postgres::types::ToSql;
 use postgres::{Client, NoTls, Row, Statement};
 
 use super::location::PostgresLocation;
-use super::{EventRow, EvidenceRow, Fence, Lease, StoreBackend, StoreError};
+use super::{EventRow, EvidenceRow, Fence, Lease, Pending, StoreBackend, StoreError};
 
 /// Schema migrations, applied in order, each once; the index + 1 is the schema version. Append,
 /// never edit. The same tables and indexes as the SQLite store's; documents are JSON text.
@@ -162,10 +162,66 @@ type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 /// The PostgreSQL store.
 #[derive(Debug)]
 pub struct PostgresStore {
-    location: String,
-    password: Option<String>,
+    place: Arc<Place>,
     jobs: mpsc::Sender<Job>,
     reply_deadline: Duration,
+}
+
+/// What the store's errors name: where it is (never with the password), and the password to
+/// scrub from the driver's messages.
+#[derive(Debug)]
+struct Place {
+    location: String,
+    password: Option<String>,
+}
+
+impl Place {
+    fn failure(&self, operation: &'static str, message: String) -> StoreError {
+        StoreError::Postgres { operation, location: self.location.clone(), message, code: None }
+    }
+
+    /// The driver's error as a store error, the password scrubbed from its text.
+    fn error(&self, operation: &'static str, err: &postgres::Error) -> StoreError {
+        let mut message = err.to_string();
+        if let Some(db) = err.as_db_error()
+            && let Some(detail) = db.detail()
+        {
+            message = format!("{message} ({detail})");
+        }
+        if let Some(password) = &self.password {
+            message = message.replace(password.as_str(), "***");
+        }
+        StoreError::Postgres {
+            operation,
+            location: self.location.clone(),
+            message,
+            code: err.code().map(|c| c.code().to_owned()),
+        }
+    }
+
+    /// A call's answer, or what kept it from coming within `deadline`, as the store tells it.
+    fn answer<T>(
+        &self,
+        operation: &'static str,
+        answer: Result<Result<T, CallError>, mpsc::RecvTimeoutError>,
+        deadline: Duration,
+    ) -> Result<T, StoreError> {
+        match answer {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(CallError::Postgres(err))) => Err(self.error(operation, &err)),
+            Ok(Err(CallError::Fenced { epoch, newer })) => {
+                Err(StoreError::Fenced { operation, epoch, newer })
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(StoreError::Timeout {
+                operation,
+                location: self.location.clone(),
+                after: deadline,
+            }),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                Err(self.failure(operation, "the connection thread stopped".into()))
+            }
+        }
+    }
 }
 
 /// The connection thread's state: the settings and the connection, when one is open.
@@ -307,9 +363,12 @@ impl PostgresStore {
         let (jobs, queue) = mpsc::channel::<Job>();
         let mut session =
             Session { config, statement_timeout: timeouts.statement, connection: None };
-        let store = PostgresStore {
+        let place = Place {
             location: location.redacted().to_owned(),
             password: location.password().filter(|p| !p.is_empty()),
+        };
+        let store = PostgresStore {
+            place: Arc::new(place),
             jobs,
             reply_deadline: timeouts.reply_deadline(),
         };
@@ -327,26 +386,7 @@ impl PostgresStore {
     }
 
     fn failure(&self, operation: &'static str, message: String) -> StoreError {
-        StoreError::Postgres { operation, location: self.location.clone(), message, code: None }
-    }
-
-    /// The driver's error as a store error, the password scrubbed from its text.
-    fn error(&self, operation: &'static str, err: &postgres::Error) -> StoreError {
-        let mut message = err.to_string();
-        if let Some(db) = err.as_db_error()
-            && let Some(detail) = db.detail()
-        {
-            message = format!("{message} ({detail})");
-        }
-        if let Some(password) = &self.password {
-            message = message.replace(password.as_str(), "***");
-        }
-        StoreError::Postgres {
-            operation,
-            location: self.location.clone(),
-            message,
-            code: err.code().map(|c| c.code().to_owned()),
-        }
+        self.place.failure(operation, message)
     }
 
     /// Runs `f` on the connection's thread and waits for its answer, at most the reply deadline.
@@ -355,29 +395,28 @@ impl PostgresStore {
         operation: &'static str,
         f: impl FnOnce(&mut Connection) -> Result<T, CallError> + Send + 'static,
     ) -> Result<T, StoreError> {
+        self.start(operation, f).wait()
+    }
+
+    /// Sends `f` to the connection's thread, which runs the calls in the order they were sent;
+    /// the answer is waited for, at most the reply deadline, in [`Pending::wait`].
+    fn start<T: Send + 'static>(
+        &self,
+        operation: &'static str,
+        f: impl FnOnce(&mut Connection) -> Result<T, CallError> + Send + 'static,
+    ) -> Pending<T> {
         let (reply, answer) = mpsc::sync_channel(1);
         let job: Job = Box::new(move |session: &mut Session| {
             // The caller may have stopped waiting (deadline): then nobody needs the answer.
             let _ = reply.send(session.run(f));
         });
-        self.jobs
-            .send(job)
-            .map_err(|_| self.failure(operation, "the connection thread stopped".into()))?;
-        match answer.recv_timeout(self.reply_deadline) {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(CallError::Postgres(err))) => Err(self.error(operation, &err)),
-            Ok(Err(CallError::Fenced { epoch, newer })) => {
-                Err(StoreError::Fenced { operation, epoch, newer })
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => Err(StoreError::Timeout {
-                operation,
-                location: self.location.clone(),
-                after: self.reply_deadline,
-            }),
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                Err(self.failure(operation, "the connection thread stopped".into()))
-            }
+        if self.jobs.send(job).is_err() {
+            return Pending::done(Err(
+                self.failure(operation, "the connection thread stopped".into())
+            ));
         }
+        let (place, deadline) = (self.place.clone(), self.reply_deadline);
+        Pending(Box::new(move || place.answer(operation, answer.recv_timeout(deadline), deadline)))
     }
 
     fn migrate(&self) -> Result<(), StoreError> {
@@ -389,7 +428,7 @@ impl PostgresStore {
                 Ok(Migrated::Done) => {}
                 Ok(Migrated::TooNew(found)) => {
                     return Err(StoreError::TooNew {
-                        location: self.location.clone(),
+                        location: self.place.location.clone(),
                         found,
                         known: MIGRATIONS.len(),
                     });
@@ -402,7 +441,7 @@ impl PostgresStore {
                 }
                 Err(err) => {
                     return Err(StoreError::Migrate {
-                        location: self.location.clone(),
+                        location: self.place.location.clone(),
                         version,
                         source: Box::new(err),
                     });
@@ -447,7 +486,18 @@ impl PostgresStore {
         params: Vec<Box<dyn ToSql + Send + Sync>>,
         fence: Fence,
     ) -> Result<Option<i64>, StoreError> {
-        self.call(operation, move |connection| {
+        self.start_write(operation, statement, params, fence).wait()
+    }
+
+    /// Starts [`PostgresStore::write`]; the answer is waited for in [`Pending::wait`].
+    fn start_write(
+        &self,
+        operation: &'static str,
+        statement: &'static str,
+        params: Vec<Box<dyn ToSql + Send + Sync>>,
+        fence: Fence,
+    ) -> Pending<Option<i64>> {
+        self.start(operation, move |connection| {
             let mut params: Vec<&(dyn ToSql + Sync)> =
                 params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)).collect();
             params.push(&fence);
@@ -566,7 +616,7 @@ fn migrate_to(client: &mut Client, version: usize) -> Result<Migrated, postgres:
 
 impl StoreBackend for PostgresStore {
     fn location(&self) -> String {
-        self.location.clone()
+        self.place.location.clone()
     }
 
     fn schema_version(&self) -> Result<usize, StoreError> {
@@ -624,13 +674,14 @@ impl StoreBackend for PostgresStore {
         body: &str,
         fence: Fence,
     ) -> Result<(), StoreError> {
-        self.write(
-            "save node",
-            PUT_NODE,
-            vec![Box::new(name.to_owned()), Box::new(state.to_owned()), Box::new(body.to_owned())],
-            fence,
-        )?;
-        Ok(())
+        self.start_put_node(name, state, body, fence).wait()
+    }
+
+    fn start_put_node(&self, name: &str, state: &str, body: &str, fence: Fence) -> Pending<()> {
+        let params: Vec<Box<dyn ToSql + Send + Sync>> =
+            vec![Box::new(name.to_owned()), Box::new(state.to_owned()), Box::new(body.to_owned())];
+        let saving = self.start_write("save node", PUT_NODE, params, fence);
+        Pending(Box::new(move || saving.wait().map(drop)))
     }
 
     fn nodes(&self) -> Result<Vec<String>, StoreError> {

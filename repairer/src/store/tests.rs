@@ -83,6 +83,33 @@ fn nodes_and_settings_are_saved_and_replaced() {
 }
 
 #[test]
+fn node_saves_started_in_order_are_made_in_order_whenever_they_are_waited_for() {
+    on_each_backend(|open| {
+        let store = open();
+        let saves: Vec<Pending<()>> = (0..50)
+            .map(|i| store.start_put_node("n1", "healthy", &serde_json::json!({"i": i})))
+            .collect();
+        // Waited for newest first: the order they are made in is the order they were started.
+        for save in saves.into_iter().rev() {
+            save.wait().unwrap();
+        }
+        let nodes: Vec<serde_json::Value> = store.nodes().unwrap();
+        assert_eq!(nodes, [serde_json::json!({"i": 49})]);
+        // One started and never waited for is made all the same.
+        drop(store.start_put_node("n2", "healthy", &serde_json::json!({"i": 0})));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while store.nodes::<serde_json::Value>().unwrap().len() < 2 {
+            assert!(Instant::now() < deadline, "the dropped save was not made");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // A standby's gate refuses it before it reaches the store.
+        store.close_writes();
+        let refused = store.start_put_node("n3", "healthy", &serde_json::json!({})).wait();
+        assert!(matches!(refused, Err(StoreError::NotLeader { .. })), "{refused:?}");
+    });
+}
+
+#[test]
 fn jobs_are_saved_in_submission_order() {
     on_each_backend(|open| {
         let store = open();
