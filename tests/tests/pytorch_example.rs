@@ -299,3 +299,80 @@ fn sigusr1_checkpoints_and_trains_on_sigterm_checkpoints_and_exits_0_and_a_resta
     assert_eq!(code, Some(0));
     assert_eq!(newest_valid(&dir).unwrap().unwrap().step, term_step + 3);
 }
+
+/// Takes one HTTP request on `listener`, answers it `response`; returns the request line and body.
+fn answer_one(listener: &std::net::TcpListener, response: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let (mut stream, _) = listener.accept().unwrap();
+    stream.set_read_timeout(Some(LIMIT)).unwrap();
+    let mut request = Vec::new();
+    let mut buf = [0u8; 4096];
+    let (head, body) = loop {
+        let n = stream.read(&mut buf).unwrap();
+        assert!(n > 0, "the connection closed before a whole request");
+        request.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&request).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().to_owned())
+                })
+                .map_or(0, |v| v.parse::<usize>().unwrap());
+            if body.len() >= length {
+                break (head.to_owned(), body.to_owned());
+            }
+        }
+    };
+    stream.write_all(response.as_bytes()).unwrap();
+    (head.lines().next().unwrap().to_owned(), body)
+}
+
+#[test]
+fn a_standby_s_503_sends_the_example_s_progress_to_the_leader_it_names() {
+    use std::net::TcpListener;
+    let standby = TcpListener::bind("127.0.0.1:0").unwrap();
+    let leader = TcpListener::bind("127.0.0.1:0").unwrap();
+    let leader_url = format!("http://{}", leader.local_addr().unwrap());
+    let standby_url = format!("http://{}", standby.local_addr().unwrap());
+    let leader_base = leader_url.clone();
+    let served = thread::spawn(move || {
+        let refused = "{\"error\":\"this repairer is a standby\"}";
+        let to_standby = answer_one(
+            &standby,
+            &format!(
+                "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nFleetmend-Leader: {leader_url}\r\n\
+                 Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{refused}",
+                refused.len()
+            ),
+        );
+        let accepted = "{\"checkpoint_every\":7}";
+        let to_leader = answer_one(
+            &leader,
+            &format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+                 Connection: close\r\n\r\n{accepted}",
+                accepted.len()
+            ),
+        );
+        (to_standby, to_leader)
+    });
+    let (stdout, stderr) = python(&format!(
+        "import train_ddp\n\
+         p = train_ddp.ProgressPoster({:?}, 'tok')\n\
+         print(p.post({{'step': 3}}))\n\
+         print(p.url)\n",
+        format!("{standby_url}/v1/jobs/job-py/progress")
+    ));
+    let ((standby_line, standby_body), (leader_line, leader_body)) = served.join().unwrap();
+    assert_eq!(standby_line, "POST /v1/jobs/job-py/progress HTTP/1.1");
+    assert_eq!(leader_line, standby_line, "the same post, to the leader");
+    assert_eq!(serde_json::from_str::<Value>(&leader_body).unwrap()["step"], 3);
+    assert_eq!(leader_body, standby_body);
+    let printed: Vec<&str> = stdout.lines().collect();
+    assert_eq!(printed[0], "7", "the leader's answer is the post's: {stdout}");
+    assert_eq!(printed[1], format!("{leader_base}/v1/jobs/job-py/progress"), "later posts too");
+    assert!(stderr.contains("progress goes to the leading repairer"), "{stderr}");
+}

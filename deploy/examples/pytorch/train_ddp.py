@@ -401,6 +401,28 @@ class ProgressPoster:
             if now - self.last < 1.0:
                 return None
             self.last = now
+        try:
+            return self._send(line)
+        except _StandbyAnswer as standby:
+            # A standby repairer (several share one store) answers 503 and names the leader in
+            # Fleetmend-Leader: this post and the next go there. Once per post, so two repairers
+            # that name each other cannot loop.
+            leader = self._at(standby.leader)
+            if leader is None:
+                return self._failed(standby.error)
+            log("progress goes to the leading repairer", url=leader)
+            self.url = leader
+            try:
+                return self._send(line)
+            except _StandbyAnswer as again:
+                return self._failed(again.error)
+            except (OSError, ValueError) as e:
+                return self._failed(e)
+        except (OSError, ValueError) as e:
+            return self._failed(e)
+
+    def _send(self, line):
+        import urllib.error
         import urllib.request
         request = urllib.request.Request(
             self.url, data=json.dumps(line).encode(), method="POST",
@@ -408,11 +430,34 @@ class ProgressPoster:
         try:
             with urllib.request.urlopen(request, timeout=2) as reply:
                 return json.loads(reply.read() or b"{}").get("checkpoint_every")
-        except (OSError, ValueError) as e:
-            if not self.warned:
-                log("cannot post progress; training goes on", url=self.url, error=str(e))
-                self.warned = True
+        except urllib.error.HTTPError as e:
+            leader = e.headers.get("Fleetmend-Leader") if e.code == 503 else None
+            if leader:
+                raise _StandbyAnswer(leader, e) from e
+            raise
+
+    def _at(self, leader):
+        """This post's URL at the leader's base URL, or None when it is not one (or is here)."""
+        import urllib.parse
+        here, there = urllib.parse.urlsplit(self.url), urllib.parse.urlsplit(leader.strip())
+        if there.scheme not in ("http", "https") or not there.netloc or there.netloc == here.netloc:
             return None
+        path = there.path.rstrip("/") + here.path
+        return urllib.parse.urlunsplit((there.scheme, there.netloc, path, here.query, ""))
+
+    def _failed(self, error):
+        if not self.warned:
+            log("cannot post progress; training goes on", url=self.url, error=str(error))
+            self.warned = True
+        return None
+
+
+class _StandbyAnswer(Exception):
+    """A standby repairer's 503 naming the leader's base URL."""
+
+    def __init__(self, leader, error):
+        super().__init__(f"a standby repairer; the leader is {leader}")
+        self.leader, self.error = leader, error
 
 
 # ---------------------------------------------------------------------------------------------
