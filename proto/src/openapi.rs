@@ -23,6 +23,8 @@ pub fn schema_bounds() -> Vec<(&'static str, &'static str, &'static str, Value)>
         ("Report", "/properties/findings", "maxItems", json!(MAX_FINDINGS)),
         ("Report", "/properties/command_results", "maxItems", json!(MAX_COMMAND_RESULTS)),
         ("Report", "/properties/ranks", "maxItems", json!(MAX_RANKS)),
+        // A port: the derive says only `minimum: 0` (format int32) of a u16.
+        ("Report", "/properties/metrics_port", "maximum", json!(u16::MAX)),
         ("CheckRun", "/properties/check", "maxLength", json!(MAX_NAME_BYTES)),
         ("Finding", "/properties/check", "maxLength", json!(MAX_NAME_BYTES)),
         ("Finding", "/properties/check", "minLength", json!(1)),
