@@ -144,6 +144,7 @@ fn repairer_bounds() -> Vec<(&'static str, &'static str, &'static str, Value)> {
         ("JobSpec", "/properties/argv/items", "maxLength", json!(MAX_ARG_BYTES)),
         ("JobSpec", "/properties/nodes", "minimum", json!(1)),
         ("JobSpec", "/properties/nodes", "maximum", json!(MAX_JOB_RANKS)),
+        ("JobSpec", "/properties/max_restarts", "maximum", json!(crate::queue::MAX_RESTARTS)),
         ("JobSpec", "/properties/checkpoint_dir", "maxLength", json!(MAX_PATH_BYTES)),
         ("JobSpec", "/properties/checkpoint_dir", "pattern", json!("^/")),
         ("JobSpec", "/properties/name", "minLength", json!(1)),

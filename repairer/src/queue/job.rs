@@ -204,6 +204,10 @@ pub const RESERVED_ENV: &[&str] = &[
 /// of that list is this).
 pub const MAX_NODES: u32 = bounds::MAX_JOB_RANKS;
 
+/// Most restarts a job may be allowed (a job that needs more is failing, not unlucky); also what
+/// keeps the count inside the document's 32-bit signed integers.
+pub const MAX_RESTARTS: u32 = 1_000_000;
+
 impl JobSpec {
     /// Every problem, naming its field.
     pub fn problems(&self) -> Vec<(String, String)> {
@@ -213,6 +217,9 @@ impl JobSpec {
             push("nodes", "must be at least 1".to_owned());
         } else if self.nodes > MAX_NODES {
             push("nodes", format!("must be at most {MAX_NODES}"));
+        }
+        if self.max_restarts > MAX_RESTARTS {
+            push("max_restarts", format!("must be at most {MAX_RESTARTS}"));
         }
         if self.argv.is_empty() {
             push("argv", "must name a program to run".to_owned());
@@ -617,13 +624,19 @@ mod tests {
         assert_eq!(spec().display_name(), "fleetmend");
         let bad = JobSpec {
             nodes: 0,
+            max_restarts: MAX_RESTARTS + 1,
             argv: Vec::new(),
             checkpoint_dir: "ckpt".into(),
             env: BTreeMap::from([("RANK".into(), "1".into()), ("A=B".into(), "x".into())]),
             ..spec()
         };
         let fields: Vec<String> = bad.problems().into_iter().map(|(f, _)| f).collect();
-        assert_eq!(fields, ["nodes", "argv", "checkpoint_dir", "env.A=B", "env.RANK"]);
+        assert_eq!(
+            fields,
+            ["nodes", "max_restarts", "argv", "checkpoint_dir", "env.A=B", "env.RANK"]
+        );
+        let most = JobSpec { max_restarts: MAX_RESTARTS, ..spec() };
+        assert_eq!(most.problems(), Vec::new());
     }
 
     #[test]

@@ -31,8 +31,8 @@ use serde::{Deserialize, Serialize};
 
 pub use self::config::QueueConfig;
 pub use self::job::{
-    AttemptRecord, CheckpointEvery, Job, JobSpec, JobState, JobView, MAX_JOB_NAME, RESERVED_ENV,
-    RankRecord, Stop, StopCause, StopPhase,
+    AttemptRecord, CheckpointEvery, Job, JobSpec, JobState, JobView, MAX_JOB_NAME, MAX_RESTARTS,
+    RESERVED_ENV, RankRecord, Stop, StopCause, StopPhase,
 };
 use self::stop::phase_signal;
 use crate::clock::{self, SharedClock};
