@@ -420,9 +420,7 @@ impl Store {
         state: &str,
         node: &T,
     ) -> Result<(), StoreError> {
-        self.writes.check("save node")?;
-        let body = serde_json::to_string(node).map_err(json("save node"))?;
-        self.writes.passed("save node", self.backend.put_node(name, state, &body, self.fence()))
+        self.start_put_node(name, state, node).wait()
     }
 
     /// Starts saving a node document (see [`StoreBackend::start_put_node`]): wait for it before

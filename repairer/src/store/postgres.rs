@@ -458,7 +458,7 @@ impl PostgresStore {
 
 /// Refuses the transaction's write when a newer epoch than `fence` holds the lease; the share
 /// lock on the leadership row orders this write against a change of holder (module doc). For a
-/// write of several statements; one of one statement is made in `sql.rs`.
+/// write of several statements; a write of one statement carries the check itself (`sql.rs`).
 fn check_fence(tx: &mut postgres::Transaction<'_>, fence: Fence) -> Result<(), CallError> {
     let Some(epoch) = fence else { return Ok(()) };
     let newer: i64 = tx.query_one("SELECT epoch FROM leadership FOR SHARE", &[])?.get(0);
