@@ -20,7 +20,7 @@ use fleetmend_repairer::engine::{Engine, EngineParts, Nodes};
 use fleetmend_repairer::metrics::RepairerMetrics;
 use fleetmend_repairer::model::{Event, EventKind, NodeState, RuleAction, Severity};
 use fleetmend_repairer::ports::{EventLog, FleetView, ReportObserver};
-use fleetmend_repairer::queue::{CheckpointEvery, JobQueue, JobSpec, QueuePorts};
+use fleetmend_repairer::queue::{CheckpointEvery, JobQueue, JobSpec, MAX_RESTARTS, QueuePorts};
 use fleetmend_repairer::store::Store;
 
 use crate::config::{Interval, SimConfig};
@@ -259,7 +259,8 @@ fn submit_jobs(world: &mut World) -> Result<(), SimError> {
             nodes: share,
             priority: 0,
             checkpoint_dir: format!("/checkpoints/train-{i}"),
-            max_restarts: u32::MAX,
+            // A simulated job restarts as often as the fleet fails under it: the most a job may ask for.
+            max_restarts: MAX_RESTARTS,
             checkpoint_every: Some(checkpoint_every),
             env: BTreeMap::new(),
         };
