@@ -27,7 +27,10 @@ pub(super) struct TokenQuery {
 /// What became of the alerts of a webhook post.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub(super) struct InboundAnswer {
+    // usize, which the derive gives no format nor range: 64 bits here.
+    #[schema(value_type = u64)]
     accepted: usize,
+    #[schema(value_type = u64)]
     skipped: usize,
     unknown_nodes: Vec<String>,
 }

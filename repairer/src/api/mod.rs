@@ -659,6 +659,7 @@ struct EventsQuery {
     /// Of this node only.
     node: Option<String>,
     /// At most this many (default 500; more than 10000 is 10000).
+    #[param(value_type = Option<u64>)] // a usize, which the derive gives no format nor range
     limit: Option<usize>,
 }
 

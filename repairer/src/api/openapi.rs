@@ -178,6 +178,7 @@ pub fn document() -> Result<Value, DocumentError> {
     let schemas = &mut doc["components"]["schemas"];
     fleetmend_proto::openapi::apply(schemas, &fleetmend_proto::openapi::schema_bounds())?;
     fleetmend_proto::openapi::apply(schemas, &repairer_bounds())?;
+    fleetmend_proto::openapi::integer_ranges(&mut doc);
     Ok(doc)
 }
 

@@ -98,6 +98,7 @@ pub struct NodeSummary {
     pub state_since_ms: u64,
     pub last_report_ms: u64,
     pub boot_id: String,
+    #[schema(value_type = u64)] // a usize, which the derive gives no format nor range
     pub failing: usize,
     pub workflow: Option<i64>,
     /// Not in the inventory: shown only, never counted or acted on.

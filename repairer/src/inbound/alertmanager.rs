@@ -50,8 +50,10 @@ pub fn parse_alertmanager(
     let truncated_alerts = match root.get("truncatedAlerts") {
         None | Some(Value::Null) => 0,
         Some(value) => {
-            // `3.0` is a whole number too (JSON Schema's integer).
-            let whole = value.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < 2e53);
+            // `3.0` is a whole number too (JSON Schema's integer), up to 2^53, past which an f64
+            // no longer holds every whole number (and 2^64 and beyond would saturate as u64).
+            const EXACT: f64 = (1u64 << f64::MANTISSA_DIGITS) as f64;
+            let whole = value.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < EXACT);
             value
                 .as_u64()
                 .or(whole.map(|f| f as u64))

@@ -264,6 +264,11 @@ fn malformed_alertmanager_payloads_name_the_field() {
             json!({"version": "4", "alerts": [], "truncatedAlerts": "many"}),
             "truncatedAlerts: expected a whole number, found a string",
         ),
+        (
+            // 2^64, past a u64 (read as a float, which must not saturate to u64::MAX).
+            json!({"version": "4", "alerts": [], "truncatedAlerts": 18446744073709551616.0}),
+            "truncatedAlerts: expected a whole number, found a number",
+        ),
     ];
     for (body, message) in cases {
         assert_eq!(error_text(alertmanager(&body)), message, "{body}");

@@ -139,7 +139,8 @@ impl<'de> Deserialize<'de> for CheckpointEvery {
     }
 }
 
-/// The OpenAPI schema of [`CheckpointEvery`]: a number of steps (at least 1) or `"auto"`.
+/// The OpenAPI schema of [`CheckpointEvery`]: a number of steps (at least 1) or `"auto"`; `null`
+/// is read as absent (the job's own interval), as serde reads an `Option`.
 fn checkpoint_every_schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
     use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, Type};
     let one_of = OneOfBuilder::new()
@@ -150,7 +151,10 @@ fn checkpoint_every_schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::
                 .maximum(Some(u64::MAX)),
         )
         .item(ObjectBuilder::new().schema_type(Type::String).enum_values(Some(["auto"])))
-        .description(Some("steps between checkpoints, or \"auto\" (Young/Daly)"))
+        .item(ObjectBuilder::new().schema_type(Type::Null))
+        .description(Some(
+            "steps between checkpoints, or \"auto\" (Young/Daly); null or absent: the job's own",
+        ))
         .build();
     utoipa::openapi::RefOr::T(Schema::OneOf(one_of))
 }

@@ -136,3 +136,71 @@ fn a_bound_without_its_place_is_an_error() {
         "the OpenAPI document has no Report/properties/gone for its maxLength bound"
     );
 }
+
+#[test]
+fn every_integer_is_documented_with_the_range_its_rust_type_reads() {
+    // A u64 documented as `int64` is refused by the document past 2^63-1 and taken by the
+    // repairer; schemathesis sent 2^63 as `seq` and `truncatedAlerts`.
+    let doc = doc();
+    let schemas = &doc["components"]["schemas"];
+    let range = |schema: &str, field: &str| {
+        let prop = &schemas[schema]["properties"][field];
+        (prop["format"].clone(), prop["minimum"].as_i64(), prop["maximum"].as_u64())
+    };
+    assert_eq!(range("Report", "seq"), ("uint64".into(), Some(0), Some(u64::MAX)));
+    assert_eq!(
+        range("AlertmanagerBody", "truncatedAlerts"),
+        ("uint64".into(), Some(0), Some(u64::MAX))
+    );
+    assert_eq!(range("Report", "metrics_port"), ("uint16".into(), Some(0), Some(u16::MAX.into())));
+    // A narrower bound of the repairer's own stays.
+    assert_eq!(
+        range("JobSpec", "max_restarts"),
+        ("uint32".into(), Some(0), Some(crate::queue::MAX_RESTARTS.into()))
+    );
+    assert_eq!(range("JobSpec", "nodes").2, Some(fleetmend_proto::bounds::MAX_JOB_RANKS.into()));
+    // No integer is left without its range, parameters and headers included.
+    fn unranged(value: &Value, at: &str, out: &mut Vec<String>) {
+        match value {
+            Value::Object(object) => {
+                let integer = |t: &Value| {
+                    t == "integer" || t.as_array().is_some_and(|t| t.iter().any(|t| t == "integer"))
+                };
+                let format = object.get("format").and_then(Value::as_str);
+                if (object.get("type").is_some_and(integer)
+                    || format.is_some_and(|f| f.contains("int")))
+                    && (object.get("minimum").is_none() || object.get("maximum").is_none())
+                {
+                    out.push(at.to_owned());
+                }
+                for (key, child) in object {
+                    unranged(child, &format!("{at}/{key}"), out);
+                }
+            }
+            Value::Array(items) => {
+                for (i, child) in items.iter().enumerate() {
+                    unranged(child, &format!("{at}/{i}"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut missing = Vec::new();
+    unranged(&doc, "", &mut missing);
+    assert!(missing.is_empty(), "integers without their range: {missing:?}");
+}
+
+#[test]
+fn checkpoint_every_admits_null_as_the_repairer_reads_it() {
+    let doc = doc();
+    let one_of = doc["components"]["schemas"]["JobSpec"]["properties"]["checkpoint_every"]["oneOf"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(one_of.iter().any(|s| s["type"] == "null"), "{one_of:?}");
+    let spec: crate::queue::JobSpec = serde_json::from_value(serde_json::json!({
+        "argv": ["x"], "nodes": 1, "checkpoint_dir": "/c", "checkpoint_every": null
+    }))
+    .unwrap();
+    assert_eq!(spec.checkpoint_every, None);
+}
