@@ -144,8 +144,14 @@ fn check_findings(findings: &[Finding], at: &dyn Fn() -> String) -> Result<(), O
 }
 
 fn check_finding(finding: &Finding, at: &dyn Fn() -> String) -> Result<(), OutOfBounds> {
-    check_text(&finding.check, MAX_NAME_BYTES, || format!("{}.check", at()))?;
-    check_text(&finding.finding, MAX_NAME_BYTES, || format!("{}.finding", at()))?;
+    // A finding names its check and itself, wherever it is (a report's or a command result's).
+    for (name, field) in [(&finding.check, "check"), (&finding.finding, "finding")] {
+        if name.is_empty() {
+            let problem = "must not be empty".to_owned();
+            return Err(OutOfBounds { field: format!("{}.{field}", at()), problem });
+        }
+        check_text(name, MAX_NAME_BYTES, || format!("{}.{field}", at()))?;
+    }
     check_text(&finding.subject, MAX_SUBJECT_BYTES, || format!("{}.subject", at()))?;
     check_text(&finding.message, MAX_MESSAGE_BYTES, || format!("{}.message", at()))?;
     check_count(finding.labels.len(), MAX_LABELS, "labels", || format!("{}.labels", at()))?;
@@ -500,6 +506,18 @@ mod tests {
                 "command_results: 1025 command results is more than 1024",
                 Box::new(|r| {
                     r.command_results = vec![result("", Vec::new()); MAX_COMMAND_RESULTS + 1]
+                }),
+            ),
+            (
+                "findings[0].check: must not be empty",
+                Box::new(|r| r.findings = vec![Finding { check: String::new(), ..finding(0) }]),
+            ),
+            (
+                // Schemathesis found a command result's nameless finding taken.
+                "command_results[0].findings[1].finding: must not be empty",
+                Box::new(|r| {
+                    let nameless = Finding { finding: String::new(), ..finding(0) };
+                    r.command_results = vec![result("", vec![finding(0), nameless])]
                 }),
             ),
             (
