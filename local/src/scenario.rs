@@ -34,7 +34,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::faults::Fault;
-use crate::up::FleetConfig;
+use crate::up::{FleetConfig, TrainModel};
 
 pub use self::reference::uninterrupted_hash;
 pub use self::run::run;
@@ -100,6 +100,11 @@ pub struct FleetSettings {
     /// How long a simulated reboot keeps a node down.
     #[serde(with = "humantime_serde")]
     pub boot_delay: Option<Duration>,
+    /// The model the job trains (`default` or `small`).
+    pub model: Option<TrainModel>,
+    /// Each training step takes at least this long (the trainer's `--pace`).
+    #[serde(with = "humantime_serde")]
+    pub pace: Option<Duration>,
 }
 
 /// One fault of a scenario (`[[faults]]`).
@@ -357,6 +362,12 @@ impl Scenario {
         }
         if let Some(delay) = fleet.boot_delay {
             config.boot_delay = delay;
+        }
+        if let Some(model) = fleet.model {
+            config.model = model;
+        }
+        if let Some(pace) = fleet.pace {
+            config.pace = pace;
         }
     }
 }

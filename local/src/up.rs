@@ -10,6 +10,7 @@ pub mod ha;
 pub mod ha_view;
 pub mod slurm;
 pub mod supervisor;
+pub mod trainer;
 pub mod view;
 
 use std::io::{IsTerminal, Write};
@@ -24,6 +25,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 pub use self::fleet::{FinalLine, Fleet, FleetConfig, FleetError, FleetScheduler, NodeView};
 pub use self::supervisor::{Role, Supervisor};
+pub use self::trainer::TrainModel;
 use self::view::View;
 use crate::scenario::{self, Scenario};
 
@@ -69,6 +71,14 @@ pub struct UpArgs {
     /// detection apart from the collective's own timeout.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub collective_timeout: Duration,
+    /// The model the job trains: the trainer's default, or a small one (about a tenth of the
+    /// CPU per step; with --pace, for a fleet that shares its machine).
+    #[arg(long, value_enum, default_value_t = TrainModel::Default)]
+    pub model: TrainModel,
+    /// Each training step takes at least this long (the trainer's `--pace`), standing in for a
+    /// GPU's step time; 0s: as fast as the CPU computes it.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub pace: Duration,
     /// Run the fleet without a job (until Ctrl-C).
     #[arg(long, conflicts_with = "scenario")]
     pub no_job: bool,
@@ -221,6 +231,8 @@ async fn run(args: UpArgs) -> ExitCode {
         report_interval: args.report_interval,
         boot_delay: args.boot_delay,
         collective_timeout: args.collective_timeout,
+        model: args.model,
+        pace: args.pace,
         ..FleetConfig::new(state_dir.clone(), exe)
     };
     let scenario = match args.scenario.as_deref().map(Scenario::load).transpose() {

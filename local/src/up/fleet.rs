@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use super::slurm::{SlurmCluster, SlurmJob, SlurmJobStatus, SlurmUpError};
 use super::supervisor::{self, AgentSettings, NodeInfo, Note, Role, Supervisor, SupervisorError};
+use super::trainer::{TrainModel, trainer_args};
 use crate::faults::Fault;
 use crate::provider::LocalProvider;
 use crate::tree::NodeTree;
@@ -68,6 +69,10 @@ pub struct FleetConfig {
     pub collective_timeout: Duration,
     /// Longest wait for every agent's first report at start.
     pub join_timeout: Duration,
+    /// The model the job trains.
+    pub model: TrainModel,
+    /// Each training step takes at least this long (zero: as long as its compute).
+    pub pace: Duration,
     /// The `fleetmend` executable the agents and the trainer run as.
     pub exe: PathBuf,
     /// How the repairer acts on its decisions (dry-run: it acts on nothing, for tests that drive
@@ -109,6 +114,8 @@ impl FleetConfig {
             boot_delay: Duration::from_secs(2),
             rank_stop_grace: Duration::from_secs(5),
             collective_timeout: Duration::from_secs(10),
+            model: TrainModel::Default,
+            pace: Duration::ZERO,
             join_timeout: Duration::from_secs(60),
             exe,
             mode: Mode::Enforce,
@@ -1007,9 +1014,10 @@ impl Fleet {
             steps: self.config.steps,
             checkpoint_every: self.config.checkpoint_every.clone(),
             train_args: format!(
-                "--seed {} --collective-timeout {} --rendezvous-timeout 60s",
+                "--seed {} --collective-timeout {} --rendezvous-timeout 60s {}",
                 self.config.seed,
-                humantime::format_duration(self.config.collective_timeout)
+                humantime::format_duration(self.config.collective_timeout),
+                trainer_args(self.config.model, self.config.pace).join(" ")
             ),
         };
         let job = SlurmJob::submit(&slurm.cluster, &settings).await?;
@@ -1092,7 +1100,7 @@ pub(super) fn final_line_of(state_dir: &Path, job: &JobView) -> Option<FinalLine
 pub(super) fn job_spec(config: &FleetConfig, state_dir: &Path) -> JobSpec {
     let checkpoints = state_dir.join("checkpoints").join(format!("run-{}", now_ms()));
     let exe = config.exe.display().to_string();
-    let argv = vec![
+    let mut argv = vec![
         exe,
         "train".to_owned(),
         "--steps".to_owned(),
@@ -1106,6 +1114,7 @@ pub(super) fn job_spec(config: &FleetConfig, state_dir: &Path) -> JobSpec {
         "--rendezvous-timeout".to_owned(),
         "60s".to_owned(),
     ];
+    argv.extend(trainer_args(config.model, config.pace));
     JobSpec {
         name: Some("train".to_owned()),
         argv,

@@ -193,6 +193,13 @@ fn write_executable(path: &Path, text: &str) -> Result<(), SlurmUpError> {
 
 /// A free port for slurmctld and the first of four consecutive free ports for the slurmd (they
 /// bind every address).
+/// `resumable.sbatch`'s `FLEETMEND_MASTER_PORT_BASE`: one below a port free now (the job ids of
+/// a fresh cluster start at 1).
+fn master_port_base() -> Option<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
+    Some(listener.local_addr().ok()?.port().saturating_sub(1))
+}
+
 fn free_ports() -> (u16, u16) {
     let bindable = |port: u16| std::net::TcpListener::bind(("0.0.0.0", port)).is_ok();
     let start = 17_001 + u16::try_from(std::process::id() % 500).unwrap_or(0) * 5;
@@ -309,6 +316,11 @@ impl SlurmJob {
             .env("FLEETMEND_TRAIN_STEPS", settings.steps.to_string())
             .env("FLEETMEND_CHECKPOINT_EVERY", &settings.checkpoint_every)
             .env("FLEETMEND_TRAIN_ARGS", &settings.train_args);
+        // Job ids start at 1 in every dev cluster: rank 0's port is taken from one free now, not
+        // from the id alone, so that fleets side by side do not meet on one port.
+        if let Some(base) = master_port_base() {
+            sbatch.env("FLEETMEND_MASTER_PORT_BASE", base.to_string());
+        }
         let output = run(sbatch, COMMAND_TIMEOUT).await?;
         let printed = output.stdout.text().trim().to_owned();
         // `--parsable` prints `ID` or `ID;CLUSTER`.

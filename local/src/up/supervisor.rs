@@ -217,6 +217,19 @@ fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// A free port that no node of `slots` was given: a port is free again the moment it is probed,
+/// and the kernel may hand it out twice before the first agent binds it.
+fn unused_port(slots: &BTreeMap<String, Slot>) -> std::io::Result<u16> {
+    let mut port = free_port()?;
+    for _ in 0..64 {
+        if !slots.values().any(|slot| slot.listen.port() == port) {
+            break;
+        }
+        port = free_port()?;
+    }
+    Ok(port)
+}
+
 impl Supervisor {
     pub fn new(settings: AgentSettings) -> Supervisor {
         Supervisor { settings, inner: Mutex::new(Inner::default()) }
@@ -264,8 +277,9 @@ impl Supervisor {
     /// Adds a node (its agent not started yet); the agent gets a port of its own.
     pub fn add(&self, tree: NodeTree, role: Role) -> Result<(), SupervisorError> {
         let node = tree.node().to_owned();
-        let port =
-            free_port().map_err(|source| SupervisorError::Port { node: node.clone(), source })?;
+        let mut inner = self.lock();
+        let port = unused_port(&inner.slots)
+            .map_err(|source| SupervisorError::Port { node: node.clone(), source })?;
         let slot = Slot {
             tree,
             role,
@@ -274,7 +288,7 @@ impl Supervisor {
             listen: SocketAddr::from(([127, 0, 0, 1], port)),
             replaced_by: None,
         };
-        self.lock().slots.insert(node, slot);
+        inner.slots.insert(node, slot);
         Ok(())
     }
 
@@ -326,17 +340,26 @@ impl Supervisor {
         let inner_urls = inner.repairer_urls.clone();
         let slot = inner
             .slots
-            .get_mut(node)
+            .get(node)
             .ok_or_else(|| SupervisorError::UnknownNode { node: node.to_owned() })?;
         if let Some(agent) = &slot.agent {
             return Ok(agent.pid);
         }
         // The same port across restarts keeps the node's /metrics URL; one taken meanwhile by
         // another process is given up for a new one.
-        if TcpListener::bind(slot.listen).is_err() {
-            let port = free_port()
+        let listen = if TcpListener::bind(slot.listen).is_err() {
+            let port = unused_port(&inner.slots)
                 .map_err(|source| SupervisorError::Port { node: node.to_owned(), source })?;
-            slot.listen = SocketAddr::from(([127, 0, 0, 1], port));
+            Some(SocketAddr::from(([127, 0, 0, 1], port)))
+        } else {
+            None
+        };
+        let slot = inner
+            .slots
+            .get_mut(node)
+            .ok_or_else(|| SupervisorError::UnknownNode { node: node.to_owned() })?;
+        if let Some(listen) = listen {
+            slot.listen = listen;
         }
         let dir = slot.tree.dir().to_owned();
         let jobs = dir.join("jobs");

@@ -130,6 +130,12 @@ pub struct TrainArgs {
     /// How long ranks wait for each other at the start.
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     pub rendezvous_timeout: Duration,
+    /// Each step takes at least this long (0s: as long as its compute). A rank waits out the
+    /// rest of the step after computing its gradients, standing in for a GPU's step time where
+    /// many simulated nodes share one machine's CPUs (`fleetmend up`): the job keeps a GPU's
+    /// pace on little CPU. The wait counts as compute time; results do not depend on it.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub pace: Duration,
     /// Progress lines (and posts) at most this often; 0s: every step.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub progress_interval: Duration,
@@ -650,6 +656,9 @@ fn train(
                 (committed % STEP_SPLIT) as f32,
                 loss,
             ]);
+            if let Some(rest) = args.pace.checked_sub(compute_start.elapsed()) {
+                std::thread::sleep(rest);
+            }
             let comm_start = Instant::now();
             window_compute += (comm_start - compute_start).as_secs_f64();
             if let Some(comm) = comm.as_mut() {
