@@ -142,7 +142,8 @@ impl DevCluster {
                 .env("FLEETMEND_CHECKPOINT_DIR", checkpoints)
                 .env("FLEETMEND_TRAIN_STEPS", steps.to_string())
                 .env("FLEETMEND_CHECKPOINT_EVERY", every.to_string())
-                .env("FLEETMEND_TRAIN_ARGS", train_args),
+                .env("FLEETMEND_TRAIN_ARGS", train_args)
+                .env("FLEETMEND_MASTER_PORT_BASE", master_port_base().to_string()),
             Duration::from_secs(20),
         );
         assert!(output.status.success(), "sbatch: {}", String::from_utf8_lossy(&output.stderr));
@@ -195,6 +196,14 @@ impl Drop for DevCluster {
             eprintln!("dev-cluster.sh stop {}: {stopped:?}", self.dir.path().display());
         }
     }
+}
+
+/// `resumable.sbatch`'s `FLEETMEND_MASTER_PORT_BASE` for a fresh dev cluster: its first jobs'
+/// rank 0 listens on a port free now, not on the same port as another cluster's job of the same
+/// id (job ids start at 1 in every cluster).
+pub fn master_port_base() -> u16 {
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    port.saturating_sub(1)
 }
 
 /// A free port for slurmctld and the first of four consecutive free ports for the slurmd.

@@ -40,6 +40,8 @@ spares = 0
 steps = 100000
 checkpoint_every = "10"
 boot_delay = "500ms"
+model = "small"
+pace = "100ms"
 
 [[faults]]
 at_step = 3

@@ -1,4 +1,5 @@
-//! Job health on `fleetmend up` (the embedded queue, 4 working nodes and a hot spare): a rank
+//! Job health on `fleetmend up` (the embedded queue, 4 working nodes and a hot spare, a small model
+//! at a GPU's pace): a rank
 //! stopped with SIGSTOP (`fleetmend inject NODE hang`) under a 600 s collective timeout, PyTorch's
 //! NCCL default, is found hung by the queue from the ranks' progress heartbeats within 30 s, the
 //! rank that did not arrive is named, and the job is stopped and restarted from its newest
@@ -6,8 +7,9 @@
 //! (`fleetmend inject NODE nan`) makes the loss NaN: the queue stops the job and it resumes from
 //! the newest checkpoint, which the trainer wrote before the NaN reached the weights. A rank whose
 //! processes keep half their CPU in a cgroup (`fleetmend inject NODE slow:50`, real CFS throttling)
-//! is a straggler within 60 s: its node is drained, the hot spare takes its place at the
-//! checkpoint, and the job completes with the same weights.
+//! is a straggler within 60 s (2 working nodes training the trainer's own model, every step
+//! computed): its node is drained, the hot spare takes its place at the checkpoint, and the job
+//! completes with the same weights.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -30,10 +32,28 @@ fn newest_step(text: &str) -> Option<u64> {
     })
 }
 
-/// The uninterrupted run's weights hash for the job `fleetmend up` runs (4 ranks, seed 0).
-fn straight_hash(steps: u64) -> String {
+/// How a test's job trains: its ranks, `fleetmend up`'s flags that shape it, and the trainer flags
+/// they come to (for the uninterrupted reference run).
+struct Shape {
+    ranks: u32,
+    up: &'static [&'static str],
+    train: &'static [&'static str],
+}
+
+/// A small model at a GPU's pace: the hang and the NaN are the queue's to find, not the CPU's to
+/// compute, and the job leaves the machine's cores to the tests beside it.
+fn paced() -> Shape {
+    Shape {
+        ranks: 4,
+        up: &["--model", "small", "--pace", "125ms"],
+        train: fleetmend_local::up::TrainModel::Small.args(),
+    }
+}
+
+/// The uninterrupted run's weights hash for the job `fleetmend up` runs (seed 0).
+fn straight_hash(steps: u64, shape: &Shape) -> String {
     let reference = tempfile::tempdir().unwrap();
-    let argv: Vec<String> = [
+    let mut argv: Vec<String> = [
         fleetmend_bin().display().to_string(),
         "train".to_owned(),
         "--steps".to_owned(),
@@ -44,17 +64,19 @@ fn straight_hash(steps: u64) -> String {
         "0".to_owned(),
     ]
     .into();
-    uninterrupted_hash(reference.path(), argv, 4, LIMIT)
+    argv.extend(shape.train.iter().map(|a| (*a).to_owned()));
+    uninterrupted_hash(reference.path(), argv, shape.ranks, LIMIT)
 }
 
 /// `fleetmend up` with a 600 s collective timeout, once its job trains past step 20.
-fn up_training(dir: &Path, steps: u64) -> Up {
+fn up_training(dir: &Path, steps: u64, shape: &Shape) -> Up {
     let steps = steps.to_string();
-    let up = Up::start(
-        dir,
-        &dir.join("state"),
-        &["--steps", &steps, "--checkpoint-every", "10", "--collective-timeout", "600s"],
-    );
+    let nodes = shape.ranks.to_string();
+    let mut args =
+        vec!["--steps", &steps, "--checkpoint-every", "10", "--collective-timeout", "600s"];
+    args.extend(["--nodes", &nodes]);
+    args.extend(shape.up);
+    let up = Up::start(dir, &dir.join("state"), &args);
     let training = poll_until(LIMIT, || newest_step(&up.stdout()).is_some_and(|s| s >= 20));
     assert!(training, "the job did not train:\n{}", up.output());
     up
@@ -91,9 +113,9 @@ fn completes_with(up: &mut Up, straight: &str, expected: &[&str]) -> String {
 
 #[test]
 fn a_stopped_rank_is_found_hung_long_before_the_collective_timeout_and_the_job_resumes() {
-    let straight = straight_hash(STEPS);
+    let straight = straight_hash(STEPS, &paced());
     let dir = tempfile::tempdir().unwrap();
-    let mut up = up_training(dir.path(), STEPS);
+    let mut up = up_training(dir.path(), STEPS, &paced());
     let said = inject(dir.path(), "hang");
     assert!(said.contains("hang: ") && said.contains("SIGSTOP"), "{said}");
     let stopped_at = Instant::now();
@@ -123,9 +145,9 @@ fn a_stopped_rank_is_found_hung_long_before_the_collective_timeout_and_the_job_r
 
 #[test]
 fn a_nan_loss_stops_the_job_and_it_resumes_from_the_checkpoint_before() {
-    let straight = straight_hash(STEPS);
+    let straight = straight_hash(STEPS, &paced());
     let dir = tempfile::tempdir().unwrap();
-    let mut up = up_training(dir.path(), STEPS);
+    let mut up = up_training(dir.path(), STEPS, &paced());
     let said = inject(dir.path(), "nan");
     assert!(said.contains("nan: ") && said.contains("SIGUSR2"), "{said}");
     let seen = poll_until(LIMIT, || up.stdout().contains("job-loss-not-finite"));
@@ -146,9 +168,13 @@ fn a_nan_loss_stops_the_job_and_it_resumes_from_the_checkpoint_before() {
 fn a_rank_throttled_to_half_its_cpu_is_a_straggler_and_the_spare_takes_its_place() {
     // Long enough for the warm-up and the window (15 posts a rank) to pass after the throttle.
     const SLOW_STEPS: u64 = 600;
-    let straight = straight_hash(SLOW_STEPS);
+    // The trainer's own model, every step computed: a throttle slows only a rank that computes.
+    // Two ranks, one core each on a 2-core machine: the throttled one is plainly the slower, and
+    // the reference run costs half what four ranks would.
+    let shape = Shape { ranks: 2, up: &[], train: &[] };
+    let straight = straight_hash(SLOW_STEPS, &shape);
     let dir = tempfile::tempdir().unwrap();
-    let mut up = up_training(dir.path(), SLOW_STEPS);
+    let mut up = up_training(dir.path(), SLOW_STEPS, &shape);
     let said = inject(dir.path(), "slow:50");
     assert!(said.contains("slow:50: ") && said.contains("throttled"), "{said}");
     let throttled_at = Instant::now();

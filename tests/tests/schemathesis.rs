@@ -40,7 +40,7 @@ const NODE_TOKEN: &str = "conformance-node-n1-token";
 
 /// Test cases per operation and phase: enough to cross every bound, few enough for 2 busy cores.
 const MAX_EXAMPLES: &str = "12";
-/// One run's budget (the test's whole, seven runs, stays under 4 minutes).
+/// One run's budget (each caller's run is a test of its own; they go side by side).
 const MAX_SECONDS: &str = "25";
 
 /// `SCHEMATHESIS`, else the venv scripts/test installs, else `st` on PATH.
@@ -53,21 +53,12 @@ fn schemathesis() -> PathBuf {
     venv.filter(|p| p.is_file()).unwrap_or_else(|| PathBuf::from("st"))
 }
 
-#[test]
-fn the_repairer_conforms_to_its_openapi_document_for_every_caller() {
-    let st = schemathesis();
-    let version = Command::new(&st).arg("--version").output();
-    assert!(
-        version.as_ref().is_ok_and(|o| o.status.success()),
-        "schemathesis ({}) is not installed: run scripts/test, which installs it into \
-         ~/.cache/fleetmend-schemathesis, or set SCHEMATHESIS to its `st` ({version:?})",
-        st.display()
-    );
-
-    let dir = tempfile::tempdir().unwrap();
+/// A repairer with every caller's credential (a person's of each role, the agent and alerts
+/// tokens), rates far above what a run sends; its address and process.
+fn repairer(dir: &Path) -> (SocketAddr, Running) {
     let mut credentials = String::new();
     for (role, token) in &CALLERS[..3] {
-        let file = dir.path().join(format!("{role}.token"));
+        let file = dir.join(format!("{role}.token"));
         std::fs::write(&file, token).unwrap();
         credentials.push_str(&format!(
             "[[credentials]]\nname = \"conformance-{role}\"\nrole = \"{role}\"\ntoken_file = {:?}\n",
@@ -76,8 +67,8 @@ fn the_repairer_conforms_to_its_openapi_document_for_every_caller() {
     }
     // Rates far above what the run sends: a 429 is documented everywhere, but a run of 429s would
     // test nothing else.
-    let (addr, repairer) = repairer_in(
-        dir.path(),
+    repairer_in(
+        dir,
         &format!(
             "agent_token = \"{AGENT}\"\nalerts_token = \"{ALERTS}\"\nscheduler = \"embedded\"\n\
              {credentials}[rate_limits]\n\
@@ -87,24 +78,90 @@ fn the_repairer_conforms_to_its_openapi_document_for_every_caller() {
              rank = {{ per_second = 100000.0, burst = 100000 }}\n\
              peer = {{ per_second = 100000.0, burst = 100000 }}\n"
         ),
-    );
-    // A running rank's token first, while the fleet is as it was set up (the other runs drain,
-    // cancel and submit whatever schemathesis makes up).
-    let (rank_token, mut agent) = rank_token(dir.path(), addr);
-    let mut failed: Vec<String> = Vec::new();
-    failed.extend(conforms(&st, addr, "rank", &rank_token, dir.path()));
-    for (caller, token) in CALLERS {
-        failed.extend(conforms(&st, addr, caller, token, dir.path()));
-    }
+    )
+}
 
-    // A repairer with a token per node: one node's token.
-    let nodes_dir = dir.path().join("per-node");
-    std::fs::create_dir_all(&nodes_dir).unwrap();
-    let hashes = nodes_dir.join("node-tokens.toml");
+/// Runs schemathesis as `caller` (one of `CALLERS`) against a repairer of its own; asserts that
+/// nothing failed. Each caller is a test of its own, so the runs go side by side.
+fn conforms_as(caller: &str) {
+    let st = installed();
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, repairer) = repairer(dir.path());
+    let token = CALLERS.iter().find(|(role, _)| *role == caller).unwrap().1;
+    let failed = conforms(&st, addr, caller, token, dir.path());
+    assert!(
+        failed.is_none(),
+        "the repairer disagrees with its OpenAPI document:\n{}\n== repairer log\n{}",
+        failed.unwrap_or_default(),
+        repairer.stderr()
+    );
+}
+
+/// `SCHEMATHESIS`'s program, failing the test when it does not run.
+fn installed() -> PathBuf {
+    let st = schemathesis();
+    let version = Command::new(&st).arg("--version").output();
+    assert!(
+        version.as_ref().is_ok_and(|o| o.status.success()),
+        "schemathesis ({}) is not installed: run scripts/test, which installs it into \
+         ~/.cache/fleetmend-schemathesis, or set SCHEMATHESIS to its `st` ({version:?})",
+        st.display()
+    );
+    st
+}
+
+#[test]
+fn the_repairer_conforms_to_its_openapi_document_for_a_reader() {
+    conforms_as("read");
+}
+
+#[test]
+fn the_repairer_conforms_to_its_openapi_document_for_an_operator() {
+    conforms_as("operator");
+}
+
+#[test]
+fn the_repairer_conforms_to_its_openapi_document_for_an_admin() {
+    conforms_as("admin");
+}
+
+#[test]
+fn the_repairer_conforms_to_its_openapi_document_for_the_agents_token() {
+    conforms_as("agent");
+}
+
+#[test]
+fn the_repairer_conforms_to_its_openapi_document_for_the_alerts_token() {
+    conforms_as("alerts");
+}
+
+/// A running rank's token, while the fleet is as it was set up.
+#[test]
+fn the_repairer_conforms_to_its_openapi_document_for_a_running_rank() {
+    let st = installed();
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, repairer) = repairer(dir.path());
+    let (rank_token, mut agent) = rank_token(dir.path(), addr);
+    let failed = conforms(&st, addr, "rank", &rank_token, dir.path());
+    agent.terminate(Duration::from_secs(20));
+    assert!(
+        failed.is_none(),
+        "the repairer disagrees with its OpenAPI document:\n{}\n== repairer log\n{}",
+        failed.unwrap_or_default(),
+        repairer.stderr()
+    );
+}
+
+/// A repairer with a token per node: one node's token.
+#[test]
+fn the_repairer_conforms_to_its_openapi_document_for_one_nodes_token() {
+    let st = installed();
+    let dir = tempfile::tempdir().unwrap();
+    let hashes = dir.path().join("node-tokens.toml");
     let digest = fleetmend_repairer::identity::hash(NODE_TOKEN);
     std::fs::write(&hashes, format!("{NODE} = \"{digest}\"\n")).unwrap();
     let (per_node, per_node_repairer) = repairer_in(
-        &nodes_dir,
+        dir.path(),
         &format!(
             "node_tokens_file = {:?}\nalerts_token = \"{ALERTS}\"\n\
              admin_token = \"conformance-per-node-admin-token\"\n[rate_limits]\n\
@@ -112,16 +169,12 @@ fn the_repairer_conforms_to_its_openapi_document_for_every_caller() {
             hashes.display().to_string()
         ),
     );
-    failed.extend(conforms(&st, per_node, "node", NODE_TOKEN, &nodes_dir));
-    if !failed.is_empty() {
-        failed.push(format!("== per-node repairer log\n{}", per_node_repairer.stderr()));
-    }
-    agent.terminate(Duration::from_secs(20));
+    let failed = conforms(&st, per_node, "node", NODE_TOKEN, dir.path());
     assert!(
-        failed.is_empty(),
-        "the repairer disagrees with its OpenAPI document:\n{}\n== repairer log\n{}",
-        failed.join("\n"),
-        repairer.stderr()
+        failed.is_none(),
+        "the repairer disagrees with its OpenAPI document:\n{}\n== per-node repairer log\n{}",
+        failed.unwrap_or_default(),
+        per_node_repairer.stderr()
     );
 }
 

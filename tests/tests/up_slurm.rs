@@ -38,9 +38,10 @@ fn fault_on_slurm_ends_healed(steps: u64, inject: &[&str], expected: &[&str]) ->
     if !can_run() {
         return None;
     }
-    // The trainer flags `fleetmend up` gives the job (3 ranks, seed 0).
+    // The trainer flags `fleetmend up` gives the job (3 ranks, seed 0, the small model; its pace
+    // changes no number).
     let reference = tempfile::tempdir().unwrap();
-    let argv: Vec<String> = [
+    let mut argv: Vec<String> = [
         fleetmend_bin().display().to_string(),
         "train".to_owned(),
         "--steps".to_owned(),
@@ -51,6 +52,7 @@ fn fault_on_slurm_ends_healed(steps: u64, inject: &[&str], expected: &[&str]) ->
         "0".to_owned(),
     ]
     .into();
+    argv.extend(fleetmend_local::up::TrainModel::Small.args().iter().map(|a| (*a).to_owned()));
     let straight = uninterrupted_hash(reference.path(), argv, 3, LIMIT);
 
     let dir = tempfile::tempdir().unwrap();
@@ -59,7 +61,20 @@ fn fault_on_slurm_ends_healed(steps: u64, inject: &[&str], expected: &[&str]) ->
     let mut up = Up::start(
         dir.path(),
         &state,
-        &["--scheduler", "slurm", "--checkpoint-every", "10", "--steps", &steps],
+        &[
+            "--scheduler",
+            "slurm",
+            "--checkpoint-every",
+            "10",
+            "--steps",
+            &steps,
+            // A small model at a GPU's pace: the job waits on Slurm and the repairs, not on the
+            // CPU, and leaves the cores to the tests beside it.
+            "--model",
+            "small",
+            "--pace",
+            "100ms",
+        ],
     );
 
     // The job trains on Slurm's nodes, node-2 among them.
