@@ -19,6 +19,8 @@
 //! - [`config`], [`report`], [`cli`] and [`plot`]: the settings (one TOML document, every field
 //!   overridable by its dotted path), the results (text and deterministic JSON), the
 //!   `fleetmend simulate` command with its sweep, and the SVG chart.
+//! - [`replications`] and [`stats`]: one setting run under several seeds, its mean ETTR with a
+//!   Student's t confidence interval and the means of the other headline figures.
 //!
 //! What the simulation does not send: the heartbeats of nodes with nothing new to say (2,048
 //! nodes every 10 s for 54 days would be ~955 million reports that change nothing). A node reports
@@ -34,6 +36,8 @@ pub mod job;
 pub mod model;
 pub mod plot;
 pub mod ports;
+pub mod replications;
 pub mod report;
 pub mod run;
+pub mod stats;
 pub mod world;

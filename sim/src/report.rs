@@ -120,31 +120,38 @@ pub struct RepairFigures {
     pub reboots: u32,
 }
 
-impl SimReport {
-    /// The text summary.
-    pub fn summary(&self) -> String {
-        let s = &self.setting;
+impl Setting {
+    /// The setting's two summary lines (fleet, then job(s) and failures), the fleet's ending with
+    /// `seeds` (`seed 7`, or the seeds of several runs).
+    pub fn summary(&self, seeds: &str) -> String {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "fleet: {} nodes x {} GPUs ({} GPUs), {} spare(s), {:.1} days, seed {}",
-            s.nodes,
-            s.gpus_per_node,
-            u64::from(s.nodes) * u64::from(s.gpus_per_node),
-            s.spares,
-            s.days,
-            s.seed
+            "fleet: {} nodes x {} GPUs ({} GPUs), {} spare(s), {:.1} days, {seeds}",
+            self.nodes,
+            self.gpus_per_node,
+            u64::from(self.nodes) * u64::from(self.gpus_per_node),
+            self.spares,
+            self.days,
         );
         let _ = writeln!(
             out,
             "job(s): {}, checkpoint every {}, write {:.0} s, restart {:.0} s; failures {:.4} per node-day ({})",
-            s.jobs,
-            s.checkpoint_every,
-            s.checkpoint_write_seconds,
-            s.restart_seconds,
-            s.failures_per_node_day,
-            s.catalog
+            self.jobs,
+            self.checkpoint_every,
+            self.checkpoint_write_seconds,
+            self.restart_seconds,
+            self.failures_per_node_day,
+            self.catalog
         );
+        out
+    }
+}
+
+impl SimReport {
+    /// The text summary.
+    pub fn summary(&self) -> String {
+        let mut out = self.setting.summary(&format!("seed {}", self.setting.seed));
         let _ = writeln!(
             out,
             "ETTR {:.3} (closed-form model {:.3}); MTBI {}",
