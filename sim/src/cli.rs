@@ -1,37 +1,36 @@
-//! `fleetmend simulate`: the flags as setting overrides, one run or a sweep run in parallel, and
-//! their output: the text summary or deterministic JSON on stdout, an SVG chart, a progress bar
-//! and the wall-clock figures on stderr (never in the JSON, which is the same bytes for the same
-//! inputs).
+//! `fleetmend simulate`: the flags as setting overrides; one run, a sweep of one setting or a
+//! grid of two, each setting under one seed or several, all run in parallel ([`grid`],
+//! [`runner`]); and their output ([`output`]): the text summary or table, or deterministic JSON,
+//! on stdout, an SVG chart, a progress bar and the wall-clock figures on stderr (never in the
+//! JSON, which is the same bytes for the same inputs).
+
+mod grid;
+mod output;
+mod runner;
 
 use std::collections::BTreeSet;
-use std::io::{IsTerminal, Write};
-use std::num::NonZeroUsize;
+use std::io::Write;
+use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
-use indicatif::{ProgressBar, ProgressStyle};
-use serde::Serialize;
-
-use crate::config::{SimConfig, SimConfigError};
-use crate::plot::{self, PlotError};
-use crate::report::SimReport;
-use crate::run::{self, SimError};
+use self::grid::{Plan, Swept};
+use self::output::WallClock;
+use crate::config::SimConfigError;
+use crate::plot::PlotError;
+use crate::replications::ReplicationsError;
+use crate::run::SimError;
 
 /// Exit status for bad flags or settings.
 const EXIT_BAD_INPUT: u8 = 2;
 /// Exit status for a simulation (or its output) that failed.
 const EXIT_RUN_FAILED: u8 = 1;
 const SECONDS_PER_DAY: f64 = 86_400.0;
-/// Progress bar steps per simulation.
-const STEPS_PER_RUN: u64 = 1_000;
-/// A sweep's worker threads get the stack a main thread has (or more): a simulation runs the
-/// repairer's futures on the thread that runs it, and unoptimised builds make those large.
-const WORKER_STACK_BYTES: usize = 16 << 20;
 
 /// `fleetmend simulate`'s flags. Each sets a field of the settings by its dotted path, in the
-/// order listed here, then `--set`, then the sweep's key.
+/// order listed here, then `--set`, then the swept keys; `--seeds N` then runs each setting under
+/// the seed they give and the N - 1 after it.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SimulateArgs {
     /// Settings (TOML): [fleet], [job], [failures], [[event]], catalog, [repairer.policy],
@@ -65,13 +64,19 @@ pub struct SimulateArgs {
     /// The report as JSON instead of the text summary.
     #[arg(long)]
     pub json: bool,
-    /// Draw ETTR to this SVG file: with --sweep against the swept value, else the closed-form
-    /// model against the checkpoint interval with this run marked.
+    /// Draw ETTR to this SVG file: with --sweep against the swept value (with two, a line per
+    /// value of the second against the first), else the closed-form model against the
+    /// checkpoint interval with this run marked; with --seeds, ± the 95 % interval.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
-    /// Run once per value of one setting, in parallel, e.g. `job.checkpoint_every=10m,30m,1h`.
+    /// Run once per value of one setting, in parallel, e.g. `job.checkpoint_every=10m,30m,1h`;
+    /// given twice, once per combination of two settings' values (a grid).
     #[arg(long, value_name = "KEY=V1,V2,...", value_parser = parse_sweep)]
-    pub sweep: Option<Sweep>,
+    pub sweep: Vec<Sweep>,
+    /// Run each setting under N seeds (`fleet.seed`, `fleet.seed`+1, ...), in parallel, and
+    /// report the mean ETTR with its 95 % confidence interval (Student's t) and the mean figures.
+    #[arg(long, value_name = "N", default_value = "1", value_parser = parse_seeds)]
+    pub seeds: NonZeroU32,
 }
 
 /// `--sweep KEY=V1,V2,...`: one setting and the values it takes, in order.
@@ -86,12 +91,22 @@ pub struct Sweep {
 pub enum SimulateError {
     #[error("--plot {}: the chart is SVG only: name a .svg file", .path.display())]
     PlotFile { path: PathBuf },
+    #[error("--sweep: at most two settings (a grid), got {}: {}", .keys.len(), .keys.join(", "))]
+    TooManySweeps { keys: Vec<String> },
+    #[error("--sweep {key} is given twice: list all its values in one --sweep")]
+    SweptTwice { key: String },
+    #[error(
+        "--seeds {seeds} from fleet.seed {first}: the seeds would pass 2^63 - 1, the highest fleet.seed takes"
+    )]
+    SeedsPastTheLast { first: u64, seeds: NonZeroU32 },
     #[error(transparent)]
     Settings(SimConfigError),
-    #[error("settings with --sweep {key}={value}: {source}")]
-    SweepSettings { key: String, value: String, source: SimConfigError },
+    #[error("settings with {}: {source}", sweep_flags(.point))]
+    SweepSettings { point: Vec<(String, String)>, source: SimConfigError },
     #[error("simulation{}: {source}", point_name(.point))]
-    Run { point: Option<(String, String)>, source: SimError },
+    Run { point: Vec<(String, String)>, source: SimError },
+    #[error(transparent)]
+    Replications(#[from] ReplicationsError),
     #[error(transparent)]
     Plot(#[from] PlotError),
     #[error("writing the report as JSON: {0}")]
@@ -100,8 +115,20 @@ pub enum SimulateError {
     Stdout(#[source] std::io::Error),
 }
 
-fn point_name(point: &Option<(String, String)>) -> String {
-    point.as_ref().map_or_else(String::new, |(key, value)| format!(" of {key}={value}"))
+/// ` of KEY=VALUE, KEY=VALUE`: a run's swept values (and seed); nothing for none.
+fn point_name(point: &[(String, String)]) -> String {
+    if point.is_empty() {
+        return String::new();
+    }
+    let settings: Vec<String> = point.iter().map(|(key, value)| format!("{key}={value}")).collect();
+    format!(" of {}", settings.join(", "))
+}
+
+/// `--sweep KEY=VALUE --sweep KEY=VALUE`: the flags that set a combination's values.
+fn sweep_flags(point: &[(String, String)]) -> String {
+    let flags: Vec<String> =
+        point.iter().map(|(key, value)| format!("--sweep {key}={value}")).collect();
+    flags.join(" ")
 }
 
 impl SimulateError {
@@ -110,15 +137,19 @@ impl SimulateError {
     pub fn exit_code(&self) -> u8 {
         match self {
             SimulateError::PlotFile { .. }
+            | SimulateError::TooManySweeps { .. }
+            | SimulateError::SweptTwice { .. }
+            | SimulateError::SeedsPastTheLast { .. }
             | SimulateError::Settings(_)
             | SimulateError::SweepSettings { .. } => EXIT_BAD_INPUT,
             SimulateError::Run { source, .. } => match source {
                 SimError::Config(_) | SimError::Failures(_) => EXIT_BAD_INPUT,
                 _ => EXIT_RUN_FAILED,
             },
-            SimulateError::Plot(_) | SimulateError::Json(_) | SimulateError::Stdout(_) => {
-                EXIT_RUN_FAILED
-            }
+            SimulateError::Replications(_)
+            | SimulateError::Plot(_)
+            | SimulateError::Json(_)
+            | SimulateError::Stdout(_) => EXIT_RUN_FAILED,
         }
     }
 }
@@ -146,10 +177,28 @@ fn simulate_command(args: &SimulateArgs) -> Result<(), SimulateError> {
     {
         return Err(SimulateError::PlotFile { path: path.clone() });
     }
-    match &args.sweep {
-        None => single(args),
-        Some(sweep) => sweep_command(args, sweep),
+    let plan = Plan { swept: Swept::of(&args.sweep)?, seeds: args.seeds };
+    let configs = plan.configs(args.config.as_deref(), &overrides(args))?;
+    let threads = runner::threads_for(configs.len());
+    let bar = runner::progress_bar(configs.len());
+    let started = Instant::now();
+    let results = plan.run(&configs, threads, bar.as_ref());
+    if let Some(feed) = &bar {
+        feed.finish();
     }
+    let (points, events) = results?;
+    let wall = WallClock { seconds: started.elapsed().as_secs_f64(), threads, events };
+    print(&output::render(plan.swept, &points, args.json)?)?;
+    if let Some(path) = &args.plot {
+        output::chart(path, plan.swept, &points)?;
+    }
+    eprintln!("{}", output::wall_clock_line(plan.swept, &points, &wall));
+    Ok(())
+}
+
+fn print(text: &str) -> Result<(), SimulateError> {
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()).map_err(SimulateError::Stdout)
 }
 
 /// The settings overrides the flags make, in order: the flags, then `--set`.
@@ -186,6 +235,15 @@ pub fn parse_days(text: &str) -> Result<f64, String> {
         return Err("too long".to_owned());
     }
     Ok(days)
+}
+
+/// `--seeds N`: how many seeds to run each setting under, at least one.
+pub fn parse_seeds(text: &str) -> Result<NonZeroU32, String> {
+    let seeds: u32 = text
+        .trim()
+        .parse()
+        .map_err(|_| "not a number of seeds (a whole number, e.g. 5)".to_owned())?;
+    NonZeroU32::new(seeds).ok_or_else(|| "must be at least 1 (the runs of each setting)".to_owned())
 }
 
 /// `--set KEY=VALUE`.
@@ -231,324 +289,6 @@ fn checked_key(key: &str) -> Result<String, String> {
     Ok(key.to_owned())
 }
 
-/// One simulation, its summary or JSON, its chart.
-fn single(args: &SimulateArgs) -> Result<(), SimulateError> {
-    let config = SimConfig::load(args.config.as_deref(), &overrides(args))
-        .map_err(SimulateError::Settings)?;
-    let bar = progress_bar(1);
-    let started = Instant::now();
-    let result = match &bar {
-        Some(feed) => run::simulate(&config, Some(&|share| feed.advance(0, share))),
-        None => run::simulate(&config, None),
-    };
-    if let Some(feed) = &bar {
-        feed.bar.finish_and_clear();
-    }
-    let report = result.map_err(|source| SimulateError::Run { point: None, source })?;
-    let wall = started.elapsed().as_secs_f64();
-    let text = if args.json { json(&report)? } else { report.summary() };
-    print(&text)?;
-    if let Some(path) = &args.plot {
-        plot::single_chart(path, &report)?;
-    }
-    let s = &report.setting;
-    eprintln!(
-        "simulated {} days of {} nodes in {wall:.1} s wall: {} events ({}/s)",
-        short(s.days),
-        s.nodes,
-        report.sim_events,
-        per_second(report.sim_events, wall)
-    );
-    Ok(())
-}
-
-/// One simulation per swept value, in parallel; the table or JSON, the best value, the chart.
-fn sweep_command(args: &SimulateArgs, sweep: &Sweep) -> Result<(), SimulateError> {
-    let base = overrides(args);
-    let configs = sweep
-        .values
-        .iter()
-        .map(|value| {
-            let mut overrides = base.clone();
-            overrides.push((sweep.key.clone(), value.clone()));
-            SimConfig::load(args.config.as_deref(), &overrides).map_err(|source| {
-                SimulateError::SweepSettings {
-                    key: sweep.key.clone(),
-                    value: value.clone(),
-                    source,
-                }
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let threads =
-        std::thread::available_parallelism().map_or(1, NonZeroUsize::get).min(configs.len());
-    let bar = progress_bar(configs.len());
-    let started = Instant::now();
-    let results = sweep_reports(&configs, threads, bar.as_ref());
-    if let Some(feed) = &bar {
-        feed.bar.finish_and_clear();
-    }
-    let reports = results.map_err(|(index, source)| SimulateError::Run {
-        point: Some((sweep.key.clone(), sweep.values[index].clone())),
-        source,
-    })?;
-    let wall = started.elapsed().as_secs_f64();
-    let points: Vec<(String, SimReport)> = sweep.values.iter().cloned().zip(reports).collect();
-    let text =
-        if args.json { sweep_json(&sweep.key, &points)? } else { sweep_table(&sweep.key, &points) };
-    print(&text)?;
-    if let Some(path) = &args.plot {
-        plot::sweep_chart(path, &sweep.key, &points)?;
-    }
-    let events: u64 = points.iter().map(|(_, report)| report.sim_events).sum();
-    eprintln!(
-        "simulated {} settings of {} on {threads} thread(s) in {wall:.1} s wall: {events} events ({}/s)",
-        points.len(),
-        sweep.key,
-        per_second(events, wall)
-    );
-    Ok(())
-}
-
-/// One simulation per config on up to `threads` threads: the reports in the configs' order, or
-/// the first failure with its config's index.
-fn sweep_reports(
-    configs: &[SimConfig],
-    threads: usize,
-    bar: Option<&ProgressFeed>,
-) -> Result<Vec<SimReport>, (usize, SimError)> {
-    in_parallel(configs, threads, |index, config| match bar {
-        Some(feed) => run::simulate(config, Some(&|share| feed.advance(index, share))),
-        None => run::simulate(config, None),
-    })
-}
-
-/// Runs `work` on each item on up to `threads` threads (this one among them) and gives the results in the items'
-/// order, or the failure (of the earliest item among those that failed) with the item's index.
-/// Once one fails no further item starts.
-fn in_parallel<T: Sync, R: Send, E: Send>(
-    items: &[T],
-    threads: usize,
-    work: impl Fn(usize, &T) -> Result<R, E> + Sync,
-) -> Result<Vec<R>, (usize, E)> {
-    let next = AtomicUsize::new(0);
-    let failed = AtomicBool::new(false);
-    let worker = || {
-        let mut done = Vec::new();
-        while !failed.load(Ordering::Relaxed) {
-            let index = next.fetch_add(1, Ordering::Relaxed);
-            let Some(item) = items.get(index) else { break };
-            let result = work(index, item);
-            if result.is_err() {
-                failed.store(true, Ordering::Relaxed);
-            }
-            done.push((index, result));
-        }
-        done
-    };
-    let mut slots: Vec<Option<Result<R, E>>> = items.iter().map(|_| None).collect();
-    std::thread::scope(|scope| {
-        // This thread is one of the workers: should no helper start, it does all the work.
-        let helpers: Vec<_> = (1..threads.clamp(1, items.len().max(1)))
-            .filter_map(|_| {
-                std::thread::Builder::new()
-                    .stack_size(WORKER_STACK_BYTES)
-                    .spawn_scoped(scope, worker)
-                    .ok()
-            })
-            .collect();
-        let mut finished = vec![worker()];
-        for helper in helpers {
-            match helper.join() {
-                Ok(done) => finished.push(done),
-                // A simulation that panicked is a bug: let it surface as the panic it is.
-                Err(panic) => std::panic::resume_unwind(panic),
-            }
-        }
-        for (index, result) in finished.into_iter().flatten() {
-            slots[index] = Some(result);
-        }
-    });
-    let mut results = Vec::with_capacity(items.len());
-    let mut first_failure = None;
-    for (index, slot) in slots.into_iter().enumerate() {
-        match slot {
-            Some(Ok(result)) => results.push(result),
-            Some(Err(err)) => {
-                first_failure.get_or_insert((index, err));
-            }
-            None => {}
-        }
-    }
-    match first_failure {
-        Some(failure) => Err(failure),
-        None => Ok(results),
-    }
-}
-
-/// A progress bar over `runs` simulations, each fed its share of simulated time done.
-struct ProgressFeed {
-    bar: ProgressBar,
-    /// Steps each run has reported so far.
-    steps: Vec<AtomicU64>,
-}
-
-impl ProgressFeed {
-    fn advance(&self, run: usize, share: f64) {
-        let Some(steps) = self.steps.get(run) else { return };
-        let now = (share.clamp(0.0, 1.0) * STEPS_PER_RUN as f64) as u64;
-        let before = steps.fetch_max(now, Ordering::Relaxed);
-        if now > before {
-            self.bar.inc(now - before);
-        }
-    }
-}
-
-/// A bar on stderr when stderr is a terminal; none otherwise (logs, pipes, CI).
-fn progress_bar(runs: usize) -> Option<ProgressFeed> {
-    if !std::io::stderr().is_terminal() {
-        return None;
-    }
-    let bar = ProgressBar::new(runs as u64 * STEPS_PER_RUN);
-    let template = if runs > 1 {
-        format!("{{bar:40}} {{percent:>3}}% of {runs} simulations, {{elapsed}} wall, eta {{eta}}")
-    } else {
-        "{bar:40} {percent:>3}% of simulated time, {elapsed} wall, eta {eta}".to_owned()
-    };
-    if let Ok(style) = ProgressStyle::with_template(&template) {
-        bar.set_style(style);
-    }
-    Some(ProgressFeed { bar, steps: (0..runs).map(|_| AtomicU64::new(0)).collect() })
-}
-
-fn json(value: &impl Serialize) -> Result<String, SimulateError> {
-    serde_json::to_string_pretty(value).map(|text| text + "\n").map_err(SimulateError::Json)
-}
-
-fn print(text: &str) -> Result<(), SimulateError> {
-    let mut stdout = std::io::stdout().lock();
-    stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()).map_err(SimulateError::Stdout)
-}
-
-/// The sweep's JSON: `{"sweep": {"key", "points": [{"value", "report"}], "best"}}`.
-#[derive(Serialize)]
-struct SweepOutput<'a> {
-    sweep: SweepJson<'a>,
-}
-
-#[derive(Serialize)]
-struct SweepJson<'a> {
-    key: &'a str,
-    points: Vec<SweepPoint<'a>>,
-    best: Option<&'a str>,
-}
-
-#[derive(Serialize)]
-struct SweepPoint<'a> {
-    value: &'a str,
-    report: &'a SimReport,
-}
-
-fn sweep_json(key: &str, points: &[(String, SimReport)]) -> Result<String, SimulateError> {
-    let output = SweepOutput {
-        sweep: SweepJson {
-            key,
-            points: points.iter().map(|(value, report)| SweepPoint { value, report }).collect(),
-            best: best(points).map(|(value, _)| value.as_str()),
-        },
-    };
-    json(&output)
-}
-
-/// The point with the highest ETTR; the first of equals.
-pub fn best(points: &[(String, SimReport)]) -> Option<&(String, SimReport)> {
-    points.iter().fold(None, |best: Option<&(String, SimReport)>, point| match best {
-        Some(best) if best.1.ettr.total_cmp(&point.1.ettr).is_ge() => Some(best),
-        _ => Some(point),
-    })
-}
-
-/// The sweep as a table: each value's ETTR, the model's, and the lost time summed over the jobs.
-pub fn sweep_table(key: &str, points: &[(String, SimReport)]) -> String {
-    let header = [
-        key,
-        "ETTR",
-        "model",
-        "detect h",
-        "drain h",
-        "rollback h",
-        "restart h",
-        "wait h",
-        "held h",
-        "ckpt h",
-        "interrupts",
-    ];
-    let rows: Vec<Vec<String>> = points
-        .iter()
-        .map(|(value, report)| {
-            let lost = |part: fn(&crate::report::LostTime) -> f64| {
-                format!("{:.1}", report.jobs.iter().map(|job| part(&job.lost_hours)).sum::<f64>())
-            };
-            let interruptions: u32 = report.jobs.iter().map(|job| job.interruptions).sum();
-            vec![
-                value.clone(),
-                format!("{:.3}", report.ettr),
-                format!("{:.3}", report.model_ettr),
-                lost(|l| l.detection),
-                lost(|l| l.drain_and_checkpoint),
-                lost(|l| l.rollback),
-                lost(|l| l.restart),
-                lost(|l| l.waiting_for_nodes),
-                lost(|l| l.held_by_guard_rail),
-                lost(|l| l.checkpoint_writes),
-                interruptions.to_string(),
-            ]
-        })
-        .collect();
-    let widths: Vec<usize> = header
-        .iter()
-        .enumerate()
-        .map(|(column, name)| {
-            rows.iter().map(|row| row[column].len()).chain([name.len()]).max().unwrap_or(0)
-        })
-        .collect();
-    let line = |cells: &mut dyn Iterator<Item = &str>| {
-        let parts: Vec<String> =
-            cells
-                .zip(&widths)
-                .enumerate()
-                .map(|(column, (cell, &width))| {
-                    if column == 0 { format!("{cell:<width$}") } else { format!("{cell:>width$}") }
-                })
-                .collect();
-        parts.join("  ").trim_end().to_owned() + "\n"
-    };
-    let mut out = line(&mut header.iter().copied());
-    for row in &rows {
-        out += &line(&mut row.iter().map(String::as_str));
-    }
-    match best(points) {
-        Some((value, report)) => {
-            out += &format!(
-                "best {key}: {value} (ETTR {:.3}; closed-form model {:.3})\n",
-                report.ettr, report.model_ettr
-            );
-        }
-        None => out += "no points\n",
-    }
-    out
-}
-
-/// `x` with at most two decimals and no trailing zeros: 54, 0.5, 0.33.
-fn short(x: f64) -> String {
-    let text = format!("{x:.2}");
-    text.trim_end_matches('0').trim_end_matches('.').to_owned()
-}
-
-fn per_second(events: u64, wall_seconds: f64) -> String {
-    if wall_seconds > 0.0 { format!("{:.0}", events as f64 / wall_seconds) } else { "-".to_owned() }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -558,7 +298,7 @@ mod tests {
     use clap::Parser;
 
     use super::*;
-    use crate::plot::tests::report;
+    use crate::config::SimConfig;
 
     #[derive(Debug, Parser)]
     struct Command {
@@ -723,7 +463,7 @@ mod tests {
     #[test]
     fn a_failed_run_exits_1_and_a_settings_error_from_the_run_2() {
         let failed = SimulateError::Run {
-            point: Some(("fleet.nodes".into(), "64".into())),
+            point: vec![("fleet.nodes".into(), "64".into())],
             source: SimError::Repairer("the clock stopped".into()),
         };
         assert_eq!(failed.exit_code(), EXIT_RUN_FAILED);
@@ -733,146 +473,127 @@ mod tests {
         );
         let config =
             SimConfig::load(Some(Path::new("/nonexistent/fleetmend-sim.toml")), &[]).unwrap_err();
-        let settings = SimulateError::Run { point: None, source: SimError::Config(config) };
+        let settings = SimulateError::Run { point: Vec::new(), source: SimError::Config(config) };
         assert_eq!(settings.exit_code(), EXIT_BAD_INPUT);
     }
 
     #[test]
-    fn parallel_results_keep_the_items_order() {
-        let items: Vec<u64> = (0..23).collect();
-        let results = in_parallel(&items, 4, |index, &item| {
-            // Later items finish first.
-            std::thread::sleep(std::time::Duration::from_millis(23 - item));
-            Ok::<_, String>((index, item * 2))
-        })
-        .unwrap();
-        assert_eq!(results, items.iter().map(|&i| (i as usize, i * 2)).collect::<Vec<_>>());
-        assert_eq!(
-            in_parallel(&[] as &[u64], 4, |_, _| Ok::<u64, ()>(1)).unwrap(),
-            Vec::<u64>::new()
-        );
-    }
-
-    #[test]
-    fn a_parallel_failure_names_its_item_and_stops_new_ones() {
-        let started = AtomicUsize::new(0);
-        let items: Vec<u32> = (0..50).collect();
-        let err = in_parallel(&items, 1, |_, &item| {
-            started.fetch_add(1, Ordering::Relaxed);
-            if item == 3 { Err(format!("item {item} failed")) } else { Ok(item) }
-        })
-        .unwrap_err();
-        assert_eq!(err, (3, "item 3 failed".to_owned()));
-        assert_eq!(started.load(Ordering::Relaxed), 4);
-    }
-
-    /// A fleet small enough to simulate in a test.
-    fn small(extra: &[(&str, &str)]) -> SimConfig {
-        let mut overrides =
-            pairs(&[("fleet.nodes", "4"), ("fleet.spares", "1"), ("fleet.duration", "6h")]);
-        overrides.extend(pairs(extra));
-        SimConfig::load(None, &overrides).unwrap()
-    }
-
-    #[test]
-    fn a_parallel_sweep_reports_what_one_run_at_a_time_does() {
-        let configs: Vec<SimConfig> = ["1", "2", "3"]
-            .iter()
-            .map(|seed| small(&[("fleet.seed", seed), ("failures.rate_per_node_day", "2")]))
-            .collect();
-        let parallel = sweep_reports(&configs, 3, None).unwrap();
-        let one_by_one: Vec<SimReport> =
-            configs.iter().map(|config| run::simulate(config, None).unwrap()).collect();
-        assert_eq!(parallel, one_by_one);
-        let seeds: Vec<u64> = parallel.iter().map(|report| report.setting.seed).collect();
-        assert_eq!(seeds, [1, 2, 3]);
-        assert!(
-            parallel.iter().any(|report| report.failures.node_failures > 0),
-            "no failure struck"
-        );
-    }
-
-    #[test]
     fn a_sweep_with_json_and_plot_runs_end_to_end() {
-        let path = std::env::temp_dir().join(format!("fleetmend-cli-{}.svg", std::process::id()));
-        let args = parse(&[
-            "--nodes",
-            "4",
-            "--spares",
-            "1",
-            "--days",
-            "0.25",
-            "--json",
-            "--plot",
-            path.to_str().unwrap(),
-            "--sweep",
-            "job.checkpoint_every=10m,1h",
-        ])
-        .unwrap();
-        simulate_command(&args).unwrap();
-        let svg = std::fs::read_to_string(&path).unwrap();
-        std::fs::remove_file(&path).unwrap();
+        let svg = chart_of("sweep", &["--sweep", "job.checkpoint_every=10m,1h"]);
         assert!(svg.contains(crate::plot::MODEL_LABEL));
         assert!(svg.contains("job.checkpoint_every (minutes)"));
     }
 
-    fn sweep_points() -> Vec<(String, SimReport)> {
-        vec![
-            ("10m".to_owned(), report("10m", 0.91, 0.92)),
-            ("30m".to_owned(), report("30m", 0.95, 0.96)),
-            ("1h".to_owned(), report("1h", 0.95, 0.94)),
-        ]
+    #[test]
+    fn seeds_are_one_unless_asked_and_at_least_one() {
+        assert_eq!(parse(&[]).unwrap().seeds.get(), 1);
+        assert_eq!(parse(&["--seeds", "5"]).unwrap().seeds.get(), 5);
+        for (seeds, wanted) in [
+            ("0", "must be at least 1"),
+            ("-2", "not a number of seeds"),
+            ("2.5", "not a number of seeds"),
+            ("many", "not a number of seeds"),
+        ] {
+            let err = parse_seeds(seeds).unwrap_err();
+            assert!(err.contains(wanted), "{seeds}: {err}");
+        }
+        let err = parse(&["--seeds", "0"]).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        let message = err.to_string();
+        assert!(message.contains("--seeds") && message.contains("at least 1"), "{message}");
     }
 
     #[test]
-    fn best_is_the_highest_ettr_and_the_first_of_equals() {
-        assert_eq!(best(&sweep_points()).unwrap().0, "30m");
-        assert!(best(&[]).is_none());
-    }
-
-    #[test]
-    fn sweep_table_has_a_row_per_value_and_names_the_best() {
-        let table = sweep_table("job.checkpoint_every", &sweep_points());
-        let lines: Vec<&str> = table.lines().collect();
-        assert_eq!(lines.len(), 5, "{table}");
-        let header: Vec<&str> = lines[0].split_whitespace().collect();
-        assert_eq!(header[..4], ["job.checkpoint_every", "ETTR", "model", "detect"], "{table}");
-        let row: Vec<&str> = lines[1].split_whitespace().collect();
-        // value, ETTR, model, then the lost hours: detection, drain, rollback, restart, waiting,
-        // held, checkpoint writes; interruptions.
+    fn sweep_repeats_in_order() {
+        let args = parse(&[
+            "--sweep",
+            "repairer.policy.guard_rails.max_concurrent_repairs=8,32",
+            "--sweep",
+            "job.checkpoint_every=15m,30m",
+        ])
+        .unwrap();
+        let keys: Vec<&str> = args.sweep.iter().map(|sweep| sweep.key.as_str()).collect();
         assert_eq!(
-            row,
-            ["10m", "0.910", "0.920", "0.1", "0.1", "0.4", "0.3", "0.0", "0.0", "1.5", "3"]
+            keys,
+            ["repairer.policy.guard_rails.max_concurrent_repairs", "job.checkpoint_every"]
         );
-        assert!(lines[3].starts_with("1h "), "{table}");
+        assert!(parse(&[]).unwrap().sweep.is_empty());
+    }
+
+    #[test]
+    fn a_third_sweep_or_a_key_swept_twice_is_refused_before_any_run() {
+        let args = parse(&[
+            "--sweep",
+            "fleet.spares=1",
+            "--sweep",
+            "fleet.nodes=8",
+            "--sweep",
+            "fleet.seed=1,2",
+        ])
+        .unwrap();
+        let err = simulate_command(&args).unwrap_err();
+        assert_eq!(err.exit_code(), EXIT_BAD_INPUT);
+        assert!(
+            err.to_string().starts_with("--sweep: at most two settings (a grid), got 3"),
+            "{err}"
+        );
+        let args = parse(&["--sweep", "fleet.spares=1", "--sweep", "fleet.spares=2"]).unwrap();
+        let err = simulate_command(&args).unwrap_err();
+        assert_eq!(err.exit_code(), EXIT_BAD_INPUT);
+        assert!(err.to_string().contains("fleet.spares is given twice"), "{err}");
+    }
+
+    #[test]
+    fn a_run_that_fails_names_its_swept_values_and_seed() {
+        let failed = SimulateError::Run {
+            point: vec![
+                ("fleet.spares".into(), "1".into()),
+                ("job.checkpoint_every".into(), "1h".into()),
+                ("fleet.seed".into(), "3".into()),
+            ],
+            source: SimError::Repairer("the clock stopped".into()),
+        };
         assert_eq!(
-            lines[4],
-            "best job.checkpoint_every: 30m (ETTR 0.950; closed-form model 0.960)"
+            failed.to_string(),
+            "simulation of fleet.spares=1, job.checkpoint_every=1h, fleet.seed=3: \
+             building the repairer: the clock stopped"
         );
     }
 
-    #[test]
-    fn sweep_json_has_key_points_in_order_and_best() {
-        let text = sweep_json("job.checkpoint_every", &sweep_points()).unwrap();
-        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
-        let sweep = &value["sweep"];
-        assert_eq!(sweep["key"], "job.checkpoint_every");
-        assert_eq!(sweep["best"], "30m");
-        let values: Vec<&str> = sweep["points"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| p["value"].as_str().unwrap())
-            .collect();
-        assert_eq!(values, ["10m", "30m", "1h"]);
-        assert_eq!(sweep["points"][1]["report"]["ettr"], 0.95);
-        assert_eq!(text, sweep_json("job.checkpoint_every", &sweep_points()).unwrap());
+    /// The SVG `flags` draw, with the flags of a small fleet before them.
+    fn chart_of(name: &str, flags: &[&str]) -> String {
+        let path =
+            std::env::temp_dir().join(format!("fleetmend-cli-{}-{name}.svg", std::process::id()));
+        let mut all = vec!["--nodes", "4", "--spares", "1", "--days", "0.25", "--json", "--plot"];
+        all.push(path.to_str().unwrap());
+        all.extend(flags);
+        simulate_command(&parse(&all).unwrap()).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        svg
     }
 
     #[test]
-    fn short_numbers() {
-        assert_eq!(short(54.0), "54");
-        assert_eq!(short(0.5), "0.5");
-        assert_eq!(short(1.0 / 3.0), "0.33");
+    fn a_grid_with_seeds_and_a_plot_runs_end_to_end() {
+        let svg = chart_of(
+            "grid",
+            &[
+                "--seeds",
+                "2",
+                "--sweep",
+                "job.checkpoint_every=10m,1h",
+                "--sweep",
+                "fleet.spares=0,1",
+            ],
+        );
+        assert!(svg.contains("fleet.spares=0") && svg.contains("fleet.spares=1"), "{svg}");
+        assert!(svg.contains("job.checkpoint_every (minutes)"), "{svg}");
+    }
+
+    #[test]
+    fn seeds_with_a_plot_mark_the_mean_on_the_model() {
+        let svg = chart_of("seeds", &["--seeds", "3"]);
+        assert!(svg.contains("simulated, 3 seeds (ETTR "), "{svg}");
+        assert!(svg.contains(crate::plot::MODEL_LABEL));
     }
 }

@@ -18,9 +18,9 @@
 //!   simulated training jobs of [`job`], which follow the checkpoint protocol.
 //! - [`config`], [`report`], [`cli`] and [`plot`]: the settings (one TOML document, every field
 //!   overridable by its dotted path), the results (text and deterministic JSON), the
-//!   `fleetmend simulate` command with its sweep, and the SVG chart.
-//! - [`replications`] and [`stats`]: one setting run under several seeds, its mean ETTR with a
-//!   Student's t confidence interval and the means of the other headline figures.
+//!   `fleetmend simulate` command with its sweep (one key, or two as a grid), and the SVG chart.
+//! - [`replications`] and [`stats`]: one setting run under several seeds (`--seeds N`), its mean
+//!   ETTR with a Student's t confidence interval and the means of the other headline figures.
 //!
 //! What the simulation does not send: the heartbeats of nodes with nothing new to say (2,048
 //! nodes every 10 s for 54 days would be ~955 million reports that change nothing). A node reports

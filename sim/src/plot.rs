@@ -11,7 +11,8 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::model::{EttrModel, ModelError};
-use crate::report::SimReport;
+use crate::replications::Replications;
+use crate::report::{Setting, SimReport};
 
 /// The legend text of the simulated ETTR.
 pub const SIMULATED_LABEL: &str = "simulated";
@@ -24,6 +25,19 @@ const INTERVAL_MINUTES: std::ops::RangeInclusive<u32> = 5..=240;
 const SIZE: (u32, u32) = (900, 540);
 const SIMULATED_COLOR: RGBColor = RGBColor(31, 119, 180);
 const MODEL_COLOR: RGBColor = RGBColor(214, 39, 40);
+/// One colour per line of a two-key chart (matplotlib's tab10), in turn.
+const GRID_COLORS: [RGBColor; 8] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+];
+/// Half the width of an error bar's caps, pixels.
+const ERROR_CAP: i32 = 4;
 
 /// A chart could not be drawn.
 #[derive(Debug, thiserror::Error)]
@@ -67,45 +81,137 @@ pub fn sweep_axis(key: &str, values: &[&str]) -> SweepAxis {
     }
 }
 
-/// Draws the sweep's simulated ETTR (points joined by a line) and the closed-form model's ETTR
-/// of each point against the swept value, to the SVG file `path`.
-pub fn sweep_chart(
-    path: &Path,
-    key: &str,
-    points: &[(String, SimReport)],
-) -> Result<(), PlotError> {
-    let values: Vec<&str> = points.iter().map(|(value, _)| value.as_str()).collect();
+/// One point of a sweep as a chart draws it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ChartPoint<'a> {
+    /// The swept setting's value.
+    pub value: &'a str,
+    /// The simulated ETTR (over several seeds, their mean).
+    pub ettr: f64,
+    /// Half the confidence interval around `ettr`, drawn as an error bar; 0 draws none.
+    pub half_width: f64,
+    /// The closed-form model's ETTR.
+    pub model_ettr: f64,
+}
+
+/// Draws the sweep's simulated ETTR (points joined by a line, error bars where a point has an
+/// interval) and the closed-form model's ETTR of each point against the swept value, to the SVG
+/// file `path`.
+pub fn sweep_chart(path: &Path, key: &str, points: &[ChartPoint<'_>]) -> Result<(), PlotError> {
+    let values: Vec<&str> = points.iter().map(|point| point.value).collect();
     let axis = sweep_axis(key, &values);
-    let mut simulated: Vec<(f64, f64)> = Vec::with_capacity(points.len());
     let mut model: Vec<(f64, f64)> = Vec::with_capacity(points.len());
-    for (x, (_, report)) in axis.positions.iter().zip(points) {
-        simulated.push((*x, report.ettr));
-        model.push((*x, report.model_ettr));
+    for (x, point) in axis.positions.iter().zip(points) {
+        model.push((*x, point.model_ettr));
     }
     let series = [
-        Series {
-            label: SIMULATED_LABEL.to_owned(),
-            points: simulated,
-            color: SIMULATED_COLOR,
-            line: true,
-            markers: true,
-        },
+        simulated_series(SIMULATED_LABEL.to_owned(), SIMULATED_COLOR, &axis, points),
         Series {
             label: MODEL_LABEL.to_owned(),
             points: model,
             color: MODEL_COLOR,
             line: true,
             markers: false,
+            error_bars: Vec::new(),
         },
     ];
     draw(path, &format!("ETTR by {key}"), &axis.label, &series)
+}
+
+/// Draws a two-key sweep: the simulated ETTR against the first key's values, one line (and
+/// colour) per value of the second key, with error bars where a point has an interval, to the SVG
+/// file `path`. The closed-form model is left out: one more line per value would bury the
+/// simulated ones.
+pub fn grid_chart(
+    path: &Path,
+    keys: (&str, &str),
+    lines: &[(&str, Vec<ChartPoint<'_>>)],
+) -> Result<(), PlotError> {
+    let (first, second) = keys;
+    let values: Vec<&str> = lines
+        .first()
+        .map(|(_, points)| points.iter().map(|p| p.value).collect())
+        .unwrap_or_default();
+    let axis = sweep_axis(first, &values);
+    let series: Vec<Series> = lines
+        .iter()
+        .enumerate()
+        .map(|(index, (value, points))| {
+            let color = GRID_COLORS[index % GRID_COLORS.len()];
+            simulated_series(format!("{second}={value}"), color, &axis, points)
+        })
+        .collect();
+    draw(path, &format!("ETTR by {first} and {second}"), &axis.label, &series)
+}
+
+/// The simulated ETTR of `points` at the axis' positions, joined and marked, with error bars.
+fn simulated_series(
+    label: String,
+    color: RGBColor,
+    axis: &SweepAxis,
+    points: &[ChartPoint<'_>],
+) -> Series {
+    let at: Vec<(f64, &ChartPoint<'_>)> = axis.positions.iter().copied().zip(points).collect();
+    Series {
+        label,
+        points: at.iter().map(|(x, point)| (*x, point.ettr)).collect(),
+        color,
+        line: true,
+        markers: true,
+        error_bars: at
+            .iter()
+            .filter(|(_, point)| point.half_width > 0.0)
+            .map(|(x, point)| (*x, point.ettr - point.half_width, point.ettr + point.half_width))
+            .collect(),
+    }
 }
 
 /// Draws the closed-form model's ETTR against the checkpoint interval (5 min to 4 h) for the
 /// report's setting (the job on the nodes less the spares), with the simulated run marked at its
 /// interval, to the SVG file `path`.
 pub fn single_chart(path: &Path, report: &SimReport) -> Result<(), PlotError> {
-    let setting = &report.setting;
+    let run = simulated_interval_minutes(report).map(|minutes| ChartRun {
+        minutes,
+        ettr: report.ettr,
+        half_width: 0.0,
+        label: format!("{SIMULATED_LABEL} (ETTR {:.3})", report.ettr),
+    });
+    model_chart(path, &report.setting, run)
+}
+
+/// Draws the closed-form model's ETTR against the checkpoint interval for the replications'
+/// setting, with their mean ETTR and its interval marked at `interval_minutes` (for `auto`, the
+/// interval the jobs ended with), to the SVG file `path`.
+pub fn replications_chart(
+    path: &Path,
+    replications: &Replications,
+    interval_minutes: Option<f64>,
+) -> Result<(), PlotError> {
+    let e = &replications.ettr;
+    let run = interval_minutes.map(|minutes| ChartRun {
+        minutes,
+        ettr: e.mean,
+        half_width: e.half_width,
+        label: format!(
+            "{SIMULATED_LABEL}, {} seeds (ETTR {:.3} ± {:.3})",
+            replications.seeds.len(),
+            e.mean,
+            e.half_width
+        ),
+    });
+    model_chart(path, &replications.setting, run)
+}
+
+/// A simulated result marked on the model's curve.
+struct ChartRun {
+    minutes: f64,
+    ettr: f64,
+    half_width: f64,
+    label: String,
+}
+
+/// The closed-form model's curve for `setting`, and `run` marked on it.
+fn model_chart(path: &Path, setting: &Setting, run: Option<ChartRun>) -> Result<(), PlotError> {
     let nodes = setting.nodes.saturating_sub(setting.spares);
     let model_at = |minutes: f64| {
         EttrModel {
@@ -127,14 +233,17 @@ pub fn single_chart(path: &Path, report: &SimReport) -> Result<(), PlotError> {
         color: MODEL_COLOR,
         line: true,
         markers: false,
+        error_bars: Vec::new(),
     }];
-    if let Some(minutes) = simulated_interval_minutes(report) {
+    if let Some(run) = run {
+        let bar = (run.minutes, run.ettr - run.half_width, run.ettr + run.half_width);
         series.push(Series {
-            label: format!("{SIMULATED_LABEL} (ETTR {:.3})", report.ettr),
-            points: vec![(minutes, report.ettr)],
+            label: run.label,
+            points: vec![(run.minutes, run.ettr)],
             color: SIMULATED_COLOR,
             line: false,
             markers: true,
+            error_bars: if run.half_width > 0.0 { vec![bar] } else { Vec::new() },
         });
     }
     let caption = format!(
@@ -146,7 +255,7 @@ pub fn single_chart(path: &Path, report: &SimReport) -> Result<(), PlotError> {
 
 /// The simulated run's checkpoint interval, minutes: the setting's, or for `auto` the interval
 /// the first job ended with.
-fn simulated_interval_minutes(report: &SimReport) -> Option<f64> {
+pub fn simulated_interval_minutes(report: &SimReport) -> Option<f64> {
     let seconds = match humantime::parse_duration(&report.setting.checkpoint_every) {
         Ok(every) => every.as_secs_f64(),
         Err(_) => report.jobs.first()?.checkpoint_interval_seconds,
@@ -167,6 +276,8 @@ struct Series {
     line: bool,
     /// Each point marked with a dot.
     markers: bool,
+    /// Vertical bars: x, low, high.
+    error_bars: Vec<(f64, f64, f64)>,
 }
 
 /// Draws `series` on ETTR 0..1 against an x range that holds all their points.
@@ -221,6 +332,26 @@ fn draw_on(
             drawn.label(one.label.as_str()).legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
             });
+        }
+        if !one.error_bars.is_empty() {
+            // An interval can reach past ETTR's 0..1 (few seeds, far apart): the bar stops at
+            // the axis' end, and only an end within the axis gets its cap.
+            let bars = &one.error_bars;
+            chart
+                .draw_series(bars.iter().map(|&(x, low, high)| {
+                    PathElement::new([(x, low.max(0.0)), (x, high.min(1.0))], color)
+                }))
+                .map_err(text)?;
+            let caps = bars
+                .iter()
+                .flat_map(|&(x, low, high)| [(x, low), (x, high)])
+                .filter(|&(_, y)| (0.0..=1.0).contains(&y));
+            chart
+                .draw_series(caps.map(|end| {
+                    EmptyElement::at(end)
+                        + PathElement::new([(-ERROR_CAP, 0), (ERROR_CAP, 0)], color)
+                }))
+                .map_err(text)?;
         }
         if one.markers {
             let drawn = chart
@@ -311,23 +442,85 @@ pub(crate) mod tests {
         std::env::temp_dir().join(format!("fleetmend-plot-{}-{name}.svg", std::process::id()))
     }
 
-    #[test]
-    fn sweep_chart_writes_an_svg_with_both_series() {
-        let points: Vec<(String, SimReport)> =
-            [("10m", 0.93, 0.94), ("30m", 0.95, 0.96), ("2h", 0.9, 0.91)]
-                .iter()
-                .map(|&(value, ettr, model)| (value.to_owned(), report(value, ettr, model)))
-                .collect();
-        let path = scratch("sweep");
-        sweep_chart(&path, "job.checkpoint_every", &points).unwrap();
+    /// Three points of a checkpoint interval sweep, each ± `half_width`.
+    fn sweep_points(half_width: f64) -> Vec<ChartPoint<'static>> {
+        [("10m", 0.93, 0.94), ("30m", 0.95, 0.96), ("2h", 0.9, 0.91)]
+            .iter()
+            .map(|&(value, ettr, model_ettr)| ChartPoint { value, ettr, half_width, model_ettr })
+            .collect()
+    }
+
+    /// The SVG `draw` writes to a scratch file named `name`.
+    fn drawn(name: &str, draw: impl FnOnce(&Path) -> Result<(), PlotError>) -> String {
+        let path = scratch(name);
+        draw(&path).unwrap();
         let svg = std::fs::read_to_string(&path).unwrap();
         std::fs::remove_file(&path).unwrap();
+        svg
+    }
+
+    #[test]
+    fn sweep_chart_writes_an_svg_with_both_series() {
+        let points = sweep_points(0.0);
+        let svg = drawn("sweep", |path| sweep_chart(path, "job.checkpoint_every", &points));
         assert!(svg.trim_start().starts_with("<svg"), "not an SVG: {}", &svg[..80.min(svg.len())]);
         assert!(svg.contains(SIMULATED_LABEL));
         assert!(svg.contains(MODEL_LABEL));
         assert!(svg.contains("job.checkpoint_every (minutes)"));
         // Three dots for the simulated points, none for the model's line.
         assert_eq!(svg.matches("<circle").count(), 3, "{svg}");
+    }
+
+    #[test]
+    fn points_with_an_interval_get_error_bars() {
+        let key = "job.checkpoint_every";
+        let plain = drawn("no-bars", |path| sweep_chart(path, key, &sweep_points(0.0)));
+        let barred = drawn("bars", |path| sweep_chart(path, key, &sweep_points(0.02)));
+        // Each bar: the vertical line and its two caps.
+        let lines = |svg: &str| svg.matches("<polyline").count();
+        assert_eq!(lines(&barred), lines(&plain) + 3 * 3, "{barred}");
+        assert_eq!(barred.matches("<circle").count(), 3);
+    }
+
+    #[test]
+    fn an_error_bar_past_the_axis_stops_at_its_end_without_a_cap() {
+        let key = "job.checkpoint_every";
+        let plain = drawn("no-bars-wide", |path| sweep_chart(path, key, &sweep_points(0.0)));
+        // 0.93 ± 0.5, 0.95 ± 0.5 and 0.9 ± 0.5 all pass 1 (and none 0): one cap each.
+        let wide = drawn("wide-bars", |path| sweep_chart(path, key, &sweep_points(0.5)));
+        let lines = |svg: &str| svg.matches("<polyline").count();
+        assert_eq!(lines(&wide), lines(&plain) + 3 * 2, "{wide}");
+    }
+
+    #[test]
+    fn grid_chart_draws_a_line_per_value_of_the_second_key() {
+        let lines: Vec<(&str, Vec<ChartPoint<'_>>)> =
+            vec![("8", sweep_points(0.0)), ("32", sweep_points(0.01))];
+        let keys = ("job.checkpoint_every", "repairer.policy.guard_rails.max_concurrent_repairs");
+        let svg = drawn("grid", |path| grid_chart(path, keys, &lines));
+        assert!(svg.contains("repairer.policy.guard_rails.max_concurrent_repairs=8"), "{svg}");
+        assert!(svg.contains("repairer.policy.guard_rails.max_concurrent_repairs=32"), "{svg}");
+        assert!(svg.contains("job.checkpoint_every (minutes)"));
+        assert!(!svg.contains(MODEL_LABEL));
+        assert_eq!(svg.matches("<circle").count(), 6, "{svg}");
+        // The two lines in two colours.
+        assert!(svg.contains("#1F77B4") && svg.contains("#FF7F0E"), "{svg}");
+    }
+
+    #[test]
+    fn replications_chart_marks_the_mean_with_its_interval() {
+        let mut runs = vec![report("30m", 0.93, 0.96), report("30m", 0.94, 0.96)];
+        runs[1].setting.seed = 8;
+        let replications = Replications::of(&runs).unwrap();
+        let svg = drawn("replications", |path| {
+            replications_chart(path, &replications, simulated_interval_minutes(&runs[0]))
+        });
+        // t(0.975, 1) = 12.706 times s / sqrt(2) = 0.005: 0.064, within the axis.
+        assert!(svg.contains("simulated, 2 seeds (ETTR 0.935 ± 0.064)"), "{svg}");
+        assert!(svg.contains(MODEL_LABEL));
+        let single = drawn("single-for-bars", |path| single_chart(path, &runs[0]));
+        let lines = |svg: &str| svg.matches("<polyline").count();
+        assert_eq!(lines(&svg), lines(&single) + 3, "{svg}");
     }
 
     #[test]
@@ -376,14 +569,11 @@ pub(crate) mod tests {
 
     #[test]
     fn a_sweep_of_words_is_drawn_against_the_index() {
-        let points: Vec<(String, SimReport)> = ["false", "true"]
+        let points: Vec<ChartPoint<'_>> = ["false", "true"]
             .iter()
-            .map(|value| (value.to_string(), report("30m", 0.9, 0.92)))
+            .map(|value| ChartPoint { value, ettr: 0.9, half_width: 0.0, model_ettr: 0.92 })
             .collect();
-        let path = scratch("words");
-        sweep_chart(&path, "job.checkpoint_on_signal", &points).unwrap();
-        let svg = std::fs::read_to_string(&path).unwrap();
-        std::fs::remove_file(&path).unwrap();
+        let svg = drawn("words", |path| sweep_chart(path, "job.checkpoint_on_signal", &points));
         assert!(svg.contains("job.checkpoint_on_signal (index of the value: false, true)"));
     }
 }
