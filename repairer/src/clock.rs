@@ -84,18 +84,129 @@ pub fn next_multiple(now_ms: u64, period_ms: u64) -> u64 {
     (now_ms / period_ms + 1) * period_ms
 }
 
-/// Calls `tick` with the clock's time at every whole multiple of `period` (the first at the
-/// next one), for as long as it returns true. Loops of one period tick together (the engine's and
-/// the queue's: one wake-up a second, not two), and a tick that takes longer than the period
-/// skips the multiples it missed rather than bunching them up.
-pub async fn every(clock: SharedClock, period: Duration, mut tick: impl FnMut(u64) -> bool) {
-    let period_ms = period.as_millis() as u64;
+/// What a loop of time-based work does after a pass ([`when_due`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Look again at this time (unix ms), or sooner if woken: the earliest moment at which a
+    /// pass could find something to do that it did not find now.
+    At(u64),
+    /// Nothing comes due with time alone: sleep until woken.
+    Idle,
+    /// End the loop.
+    Stop,
+}
+
+/// The first whole multiple of `period_ms` at or after `at_ms`.
+fn multiple_at_or_after(at_ms: u64, period_ms: u64) -> u64 {
+    let period_ms = period_ms.max(1);
+    at_ms.div_ceil(period_ms).saturating_mul(period_ms)
+}
+
+/// Runs `pass` with the clock's time on the whole multiples of `period` at which something is
+/// due, not on every one: after each pass, at the first multiple at or after the time it says
+/// ([`Next::At`]), and at the first multiple after `wake` is raised (new input that may make work
+/// due: a report that changed a node, a job's progress). A fleet where nothing happens costs no
+/// passes; where something does, each pass falls where a pass on every multiple would have
+/// found it, so the same inputs lead to the same work at the same times. Loops of one period
+/// fall on the same instants (one wake-up for all), and a pass that takes longer than the
+/// period skips the multiples it missed rather than bunching them up.
+///
+/// `wake` is raised with `notify_one`: raised while a pass runs, it is kept for the next wait.
+pub async fn when_due(
+    clock: SharedClock,
+    period: Duration,
+    wake: Arc<tokio::sync::Notify>,
+    mut pass: impl FnMut(u64) -> Next,
+) {
+    let period_ms = (period.as_millis() as u64).max(1);
+    let mut at = Some(next_multiple(clock.now_ms(), period_ms));
+    // Woken on a multiple this loop has not passed at yet (another loop's pass at that instant
+    // changed something), it passes at once, as it would have on every multiple. It starts as
+    // if it had passed at its start: its first multiple is the next one.
+    let mut passed: Option<u64> = Some(clock.now_ms());
+    let woken_at = |now: u64, passed: Option<u64>| {
+        let at = multiple_at_or_after(now, period_ms);
+        if Some(at) == passed { next_multiple(now, period_ms) } else { at }
+    };
     loop {
-        let now = clock.now_ms();
-        clock.sleep(Duration::from_millis(next_multiple(now, period_ms) - now)).await;
-        if !tick(clock.now_ms()) {
-            return;
+        loop {
+            let now = clock.now_ms();
+            match at {
+                Some(due) if due <= now => break,
+                Some(due) => {
+                    tokio::select! {
+                        biased;
+                        () = clock.sleep(Duration::from_millis(due - now)) => {}
+                        () = wake.notified() => {
+                            at = Some(due.min(woken_at(clock.now_ms(), passed)));
+                        }
+                    }
+                }
+                None => {
+                    wake.notified().await;
+                    at = Some(woken_at(clock.now_ms(), passed));
+                }
+            }
         }
+        let now = clock.now_ms();
+        passed = Some(now);
+        at = match pass(now) {
+            Next::Stop => return,
+            Next::Idle => None,
+            Next::At(due) => {
+                Some(multiple_at_or_after(due, period_ms).max(next_multiple(now, period_ms)))
+            }
+        };
+    }
+}
+
+/// The earliest of several instants after `now_ms` at which something may come due: what a
+/// pass of [`when_due`] returns.
+#[derive(Debug, Clone, Copy)]
+pub struct Earliest {
+    now_ms: u64,
+    at: Option<u64>,
+}
+
+impl Earliest {
+    /// None yet, at `now_ms`.
+    pub fn after(now_ms: u64) -> Earliest {
+        Earliest { now_ms, at: None }
+    }
+
+    /// Something may come due at `at_ms` (one at or before now: at once).
+    pub fn add(&mut self, at_ms: u64) {
+        self.at = Some(self.at.map_or(at_ms, |at| at.min(at_ms)));
+    }
+
+    /// Something may come due at `at_ms` if it is later than now (the instant a condition over
+    /// time turns; one already past changes nothing more).
+    pub fn add_later(&mut self, at_ms: u64) {
+        if at_ms > self.now_ms {
+            self.add(at_ms);
+        }
+    }
+
+    /// Adds another's earliest.
+    pub fn merge(&mut self, other: Option<u64>) {
+        if let Some(at) = other {
+            self.add(at);
+        }
+    }
+
+    /// With another's earliest added.
+    pub fn with(mut self, other: Option<u64>) -> Earliest {
+        self.merge(other);
+        self
+    }
+
+    pub fn earliest(self) -> Option<u64> {
+        self.at
+    }
+
+    /// The pass's answer: look again then, or only when woken.
+    pub fn next(self) -> Next {
+        self.at.map_or(Next::Idle, Next::At)
     }
 }
 
@@ -234,9 +345,10 @@ mod tests {
         let shared: SharedClock = clock.clone();
         let spawn_loop = |name: &'static str| {
             let ticks = ticks.clone();
-            tokio::spawn(every(shared.clone(), Duration::from_secs(1), move |now| {
+            let wake = Arc::new(tokio::sync::Notify::new());
+            tokio::spawn(when_due(shared.clone(), Duration::from_secs(1), wake, move |now| {
                 ticks.lock().unwrap().push((name, now));
-                now < 12_000
+                if now < 12_000 { Next::At(now + 1) } else { Next::Stop }
             }))
         };
         let first = spawn_loop("first");
@@ -265,6 +377,55 @@ mod tests {
             seen,
             [("first", 11_000), ("first", 12_000), ("second", 11_000), ("second", 12_000)]
         );
+    }
+
+    /// Waits until `clock` has `n` live sleepers.
+    async fn sleepers(clock: &VirtualClock, n: usize) {
+        while clock.sleepers() != n {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_loop_passes_only_when_something_is_due_or_it_is_woken() {
+        let clock = VirtualClock::new(1_000);
+        let shared: SharedClock = clock.clone();
+        let passes = Arc::new(Mutex::new(Vec::new()));
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let seen = passes.clone();
+        let task =
+            tokio::spawn(when_due(shared, Duration::from_secs(1), wake.clone(), move |now| {
+                seen.lock().unwrap().push(now);
+                match now {
+                    // Something comes due at 5 500: looked at on the multiple after it.
+                    2_000 => Next::At(5_500),
+                    // Nothing comes due with time: only a wake brings the next pass.
+                    6_000 => Next::Idle,
+                    _ => Next::Stop,
+                }
+            }));
+        sleepers(&clock, 1).await;
+        assert_eq!(clock.next_deadline(), Some(2_000));
+        clock.advance_to(2_000);
+        while passes.lock().unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        sleepers(&clock, 1).await;
+        assert_eq!(clock.next_deadline(), Some(6_000), "passes skipped until due");
+        clock.advance_to(6_000);
+        while passes.lock().unwrap().len() < 2 {
+            tokio::task::yield_now().await;
+        }
+        tokio::task::yield_now().await;
+        assert_eq!(clock.next_deadline(), None, "idle: no timer at all");
+        clock.advance_to(60_000);
+        clock.advance_to(60_400);
+        wake.notify_one();
+        sleepers(&clock, 1).await;
+        assert_eq!(clock.next_deadline(), Some(61_000), "woken: the next multiple");
+        clock.advance_to(61_000);
+        tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+        assert_eq!(*passes.lock().unwrap(), [2_000, 6_000, 61_000]);
     }
 
     #[test]

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use fleetmend_proto::{Finding, Report, Status};
 use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
 
 use crate::model::{
     Actor, Event, EventKind, FindingKey, FindingSource, NodeState, Severity, TrackedFinding,
@@ -310,6 +311,10 @@ pub struct Nodes {
     events: Arc<EventLog>,
     /// Answers for the heartbeats between reports where they are not sent (the fleet simulator).
     heartbeats: Option<Arc<dyn Heartbeats>>,
+    /// Raised whenever a node changes other than by a report that brought nothing new: the
+    /// loops whose work a node's change may make due (the engine's, the job queue's) wait on
+    /// them instead of looking every second.
+    listeners: Mutex<Vec<Arc<Notify>>>,
 }
 
 #[derive(Debug, Default)]
@@ -326,7 +331,12 @@ impl Nodes {
             inner.counts.add(&record.name, record.share());
             inner.records.insert(record.name.clone(), record);
         }
-        Ok(Nodes { inner: Mutex::new(inner), events, heartbeats: None })
+        Ok(Nodes {
+            inner: Mutex::new(inner),
+            events,
+            heartbeats: None,
+            listeners: Mutex::new(Vec::new()),
+        })
     }
 
     /// These nodes, with `heartbeats` answering when each was last heard from instead of its
@@ -354,7 +364,17 @@ impl Nodes {
         NodesGuard {
             inner: self.inner.lock().unwrap_or_else(PoisonError::into_inner),
             events: &self.events,
+            listeners: &self.listeners,
+            changed: false,
         }
+    }
+
+    /// Raised (`notify_one`) whenever a node joins or changes other than by a report that
+    /// brought nothing new.
+    pub fn subscribe(&self) -> Arc<Notify> {
+        let notify = Arc::new(Notify::new());
+        self.listeners.lock().unwrap_or_else(PoisonError::into_inner).push(notify.clone());
+        notify
     }
 
     /// Runs `f` on the node `name` and saves it afterwards.
@@ -442,6 +462,10 @@ impl crate::ports::FleetView for Nodes {
     fn not_healthy(&self) -> BTreeMap<String, NodeState> {
         self.lock().inner.counts.not_healthy.clone()
     }
+
+    fn subscribe(&self) -> Arc<Notify> {
+        Nodes::subscribe(self)
+    }
 }
 
 /// The locked nodes.
@@ -449,6 +473,19 @@ impl crate::ports::FleetView for Nodes {
 pub struct NodesGuard<'a> {
     inner: MutexGuard<'a, Inner>,
     events: &'a EventLog,
+    listeners: &'a Mutex<Vec<Arc<Notify>>>,
+    /// A node joined or changed under this lock: the listeners are raised when it is let go.
+    changed: bool,
+}
+
+impl Drop for NodesGuard<'_> {
+    fn drop(&mut self) {
+        if self.changed {
+            for listener in self.listeners.lock().unwrap_or_else(PoisonError::into_inner).iter() {
+                listener.notify_one();
+            }
+        }
+    }
 }
 
 impl NodesGuard<'_> {
@@ -488,11 +525,23 @@ impl NodesGuard<'_> {
             inner.counts.generation += 1;
         }
         inner.records.insert(record.name.clone(), record);
+        self.changed = true;
     }
 
     /// Changes the node `name` through `f`, keeping the counts right whatever `f` changed (and
-    /// whether it failed half-way).
+    /// whether it failed half-way); the listeners are raised when the lock is let go.
     pub(crate) fn update<T>(
+        &mut self,
+        name: &str,
+        f: impl FnOnce(&mut NodeRecord, &EventLog) -> Result<T, StoreError>,
+    ) -> Result<T, NodeError> {
+        self.changed = true;
+        self.update_quietly(name, f)
+    }
+
+    /// [`NodesGuard::update`] without raising the listeners: for a report, which raises them
+    /// itself only when it brought something new (most reports are heartbeats).
+    pub(crate) fn update_quietly<T>(
         &mut self,
         name: &str,
         f: impl FnOnce(&mut NodeRecord, &EventLog) -> Result<T, StoreError>,
@@ -509,8 +558,14 @@ impl NodesGuard<'_> {
             if before.state != after.state || before.unknown != after.unknown {
                 inner.counts.generation += 1;
             }
+            self.changed = true;
         }
         Ok(result?)
+    }
+
+    /// Raises the listeners when the lock is let go: a report brought something new.
+    pub(crate) fn mark_changed(&mut self) {
+        self.changed = true;
     }
 
     /// Writes the node `name` to the store.
@@ -525,6 +580,7 @@ impl NodesGuard<'_> {
         let counts = &self.inner.counts;
         let fleet = FleetView {
             members: counts.members,
+            size: counts.members,
             unavailable: counts.unavailable,
             repairs_in_flight: counts.in_repair,
             breaker_open: false,

@@ -77,6 +77,8 @@ pub trait FleetView: Send + Sync {
     fn healthy(&self) -> u64;
     /// The nodes that are not healthy, and their states (read without a pass over the fleet).
     fn not_healthy(&self) -> std::collections::BTreeMap<String, NodeState>;
+    /// Raised (`notify_one`) whenever a node joins or changes.
+    fn subscribe(&self) -> std::sync::Arc<tokio::sync::Notify>;
 }
 
 /// The heartbeats between reports, where the reports themselves are not sent. An agent reports
@@ -90,6 +92,10 @@ pub trait Heartbeats: Send + Sync + std::fmt::Debug {
     /// The nodes that may not have been heard from since `since_ms` (each is checked again with
     /// [`Heartbeats::last_heard_ms`]).
     fn maybe_silent_since(&self, since_ms: u64) -> Vec<String>;
+    /// Every node not heard from now, and since when: where the engine's tick looks for the
+    /// next node to turn unreachable. Whoever answers here wakes the engine
+    /// ([`crate::engine::Engine::wake`]) when a node falls silent.
+    fn quiet(&self) -> Vec<(String, u64)>;
 }
 
 /// Sees every report the repairer takes in (the job queue follows its ranks through them).

@@ -57,6 +57,10 @@ impl Heartbeats for Presence {
     fn maybe_silent_since(&self, since_ms: u64) -> Vec<String> {
         self.lock().iter().filter(|(_, down)| **down <= since_ms).map(|(n, _)| n.clone()).collect()
     }
+
+    fn quiet(&self) -> Vec<(String, u64)> {
+        self.lock().iter().map(|(node, since)| (node.clone(), *since)).collect()
+    }
 }
 
 /// A provider call the simulated fleet carries out.

@@ -100,7 +100,6 @@ async fn run(
     let mut next_failure = stream.next();
     let mut last_told = 0.0;
     loop {
-        settle(&mut world).await;
         while let Some(failure) =
             next_failure.take_if(|f| START_MS + f.at.as_millis() as u64 <= clock.now_ms())
         {
@@ -111,6 +110,10 @@ async fn run(
             });
             next_failure = stream.next();
         }
+        // What a fault or a happening woke runs before the next instant is chosen: the
+        // repairer's loops wait for what is due, and a loop woken by new input has not yet said
+        // when that is.
+        settle(&mut world).await;
         let failure_at = next_failure.as_ref().map(|f| START_MS + f.at.as_millis() as u64);
         let next = [clock.next_deadline(), world.next_at(), failure_at].into_iter().flatten().min();
         let Some(next) = next.filter(|at| *at < end) else { break };

@@ -338,6 +338,8 @@ impl World {
 
     fn go_down(&mut self, node: &str, now: u64) {
         self.presence.went_down(node, now);
+        // Its silence comes due in the engine's tick, which a report would not tell.
+        self.engine.wake();
         if let Some(sim) = self.nodes.get_mut(node) {
             sim.up = false;
             sim.ranks.clear();

@@ -506,3 +506,20 @@ fn a_dead_progress_url_does_not_stop_training() {
     assert_eq!(last["event"], "done");
     assert!(stderr.contains("posting progress") && stderr.contains("training goes on"), "{stderr}");
 }
+
+/// `--pace`: two ranks of `fleetmend up`'s small model at 100 ms a step take at least that long
+/// a step, and end with the weights the same job computes without the pace (the reference run of
+/// a scenario drops the pace).
+#[test]
+fn a_paced_run_takes_its_pace_and_computes_what_an_unpaced_run_does() {
+    const STEPS: u64 = 12;
+    let model: Vec<&str> = fleetmend_local::up::TrainModel::Small.args().to_vec();
+    let mut paced = model.clone();
+    paced.extend(["--pace", "100ms"]);
+    let started = Instant::now();
+    let with_pace = run_to_done(2, &flags(STEPS, &paced));
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(100 * STEPS), "{STEPS} steps at 100 ms took {took:?}");
+    let without = run_to_done(2, &flags(STEPS, &model));
+    assert_eq!(with_pace, without, "the pace changed the weights");
+}

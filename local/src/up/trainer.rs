@@ -76,22 +76,4 @@ mod tests {
         assert!(!bare.iter().any(|a| a.starts_with("--pace")), "{bare:?}");
         assert_eq!(bare.len(), 2 + args.len() - 2);
     }
-
-    /// `fleetmend train`'s flags, as its command line reads them.
-    #[derive(Debug, clap::Parser)]
-    struct Train {
-        #[command(flatten)]
-        args: fleetmend_runtime::train::TrainArgs,
-    }
-
-    #[test]
-    fn the_trainer_takes_every_model_s_flags() {
-        for model in [TrainModel::Default, TrainModel::Small] {
-            let mut argv = vec!["train".to_owned()];
-            argv.extend(trainer_args(model, Duration::from_millis(50)));
-            let parsed = <Train as clap::Parser>::try_parse_from(&argv);
-            let parsed = parsed.unwrap_or_else(|err| panic!("{model:?}: {err}"));
-            assert_eq!(parsed.args.pace, Duration::from_millis(50));
-        }
-    }
 }

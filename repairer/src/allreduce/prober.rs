@@ -83,6 +83,8 @@ pub struct Prober {
     ports: ProberPorts,
     state: Mutex<State>,
     wake: Notify,
+    /// Raised when a validation's verdict is in: the workflows waiting for one.
+    verdict_in: Mutex<Option<Arc<Notify>>>,
 }
 
 impl std::fmt::Debug for Prober {
@@ -93,7 +95,18 @@ impl std::fmt::Debug for Prober {
 
 impl Prober {
     pub fn new(config: AllreduceConfig, ports: ProberPorts) -> Arc<Prober> {
-        Arc::new(Prober { config, ports, state: Mutex::default(), wake: Notify::new() })
+        Arc::new(Prober {
+            config,
+            ports,
+            state: Mutex::default(),
+            wake: Notify::new(),
+            verdict_in: Mutex::new(None),
+        })
+    }
+
+    /// Raises `notify` (`notify_waiters`) whenever a validation's verdict is in.
+    pub fn tell_verdicts_to(&self, notify: Arc<Notify>) {
+        *self.verdict_in.lock().unwrap_or_else(PoisonError::into_inner) = Some(notify);
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -148,6 +161,12 @@ impl Prober {
                 let mut state = self.state();
                 if state.requests.remove(&id).is_some() {
                     state.verdicts.insert(id, verdict);
+                }
+                drop(state);
+                if let Some(notify) =
+                    &*self.verdict_in.lock().unwrap_or_else(PoisonError::into_inner)
+                {
+                    notify.notify_waiters();
                 }
                 continue;
             }

@@ -11,7 +11,7 @@ use crate::nodes::{NodeRecord, NodesGuard, source_of, transition};
 use crate::policy::{self, Decision, FleetView, Hold, NodeView, Verdict};
 use crate::workflow::{self, Workflow};
 
-fn view(node: &NodeRecord) -> NodeView<'_> {
+pub(super) fn view(node: &NodeRecord) -> NodeView<'_> {
     NodeView {
         state: node.state,
         state_since_ms: node.state_since_ms,
@@ -24,7 +24,7 @@ fn view(node: &NodeRecord) -> NodeView<'_> {
 
 /// A node no rule decides about: one outside the inventory (never drained, rebooted or replaced,
 /// whatever its findings), or one a person drained (theirs until they undrain it).
-fn never_decided(node: &NodeRecord) -> bool {
+pub(super) fn never_decided(node: &NodeRecord) -> bool {
     node.unknown || (node.drained_by_person && node.state == NodeState::Drained)
 }
 
@@ -41,19 +41,19 @@ impl Engine {
         // the same whatever the fleet. The fleet's counts are kept as nodes change, so reading
         // them is cheap; the breaker is checked for such a verdict, or when this node just turned
         // unhealthy: the one moment its count can rise, so a storm opens it as it happens.
-        let unknown_fleet =
-            FleetView { members: 0, unavailable: 0, repairs_in_flight: 0, breaker_open: false };
+        let unknown_fleet = FleetView {
+            members: 0,
+            size: 0,
+            unavailable: 0,
+            repairs_in_flight: 0,
+            breaker_open: false,
+        };
         let mut decision = policy::decide(view(node), unknown_fleet, &self.policy, now);
         let turned_unhealthy = node.unhealthy_since_ms == Some(now);
         if turned_unhealthy
             || matches!(decision, Decision::Act(_) | Decision::Record(_) | Decision::Held { .. })
         {
-            // An open breaker needs no count of the storm.
-            let open = self.breaker.is_open();
-            let window = self.policy.guard_rails.breaker_window.as_millis() as u64;
-            let (mut fleet, recent) = nodes.fleet(now, (!open).then_some(window));
-            fleet.breaker_open =
-                open || self.breaker.check(fleet.members, recent, &self.policy.guard_rails, now)?;
+            let fleet = self.guarded_fleet(&nodes, now)?;
             decision = policy::decide(view(node), fleet, &self.policy, now);
         }
         let spawned = match decision {
@@ -150,6 +150,21 @@ impl Engine {
             self.spawn_workflow(workflow);
         }
         Ok(())
+    }
+
+    /// The fleet as the guard rails see it, the breaker checked (opened, its event written,
+    /// where a storm is under way) and the fleet's size the inventory's where there is one.
+    fn guarded_fleet(&self, nodes: &NodesGuard<'_>, now: u64) -> Result<FleetView, EngineError> {
+        // An open breaker needs no count of the storm.
+        let open = self.breaker.is_open();
+        let window = self.policy.guard_rails.breaker_window.as_millis() as u64;
+        let (mut fleet, recent) = nodes.fleet(now, (!open).then_some(window));
+        if let Some(inventory) = &self.inventory {
+            fleet.size = fleet.size.max(u32::try_from(inventory.len()).unwrap_or(u32::MAX));
+        }
+        fleet.breaker_open =
+            open || self.breaker.check(fleet.members, recent, &self.policy.guard_rails, now)?;
+        Ok(fleet)
     }
 
     /// Writes an alert decision for the findings no alert went out for yet.

@@ -1,30 +1,16 @@
-//! What comes in: agents' reports, findings from external alert sources, and the tick that sees
-//! nodes go silent.
+//! What comes in: agents' reports and findings from external alert sources.
 
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 
-use fleetmend_proto::{Finding, RecommendedAction, Report, ReportReply, Status};
+use fleetmend_proto::{Finding, Report, ReportReply, Status};
 
 use super::{Engine, EngineError};
 use crate::inventory::Membership;
-use crate::model::TrackedFinding;
-use crate::model::{Actor, Event, EventKind, FindingKey, FindingSource, NodeState, Severity};
+use crate::model::{Actor, Event, EventKind, FindingKey, FindingSource, Severity};
 use crate::nodes::{self, NodeRecord, metrics_target, remove_findings, track};
-use crate::policy::Hold;
-
-/// Whether `node`'s action is held by the breaker or a limit on the fleet (what only a change of
-/// the fleet or the breaker releases).
-fn held_by_the_fleet(node: &NodeRecord) -> bool {
-    let fleet_holds = [Hold::Breaker, Hold::MaxConcurrentRepairs, Hold::MaxUnavailable];
-    node.last_noted.as_deref().is_some_and(|note| {
-        note.strip_prefix("held:").is_some_and(|held| {
-            fleet_holds.iter().any(|hold| held.ends_with(&format!(":{}", hold.as_str())))
-        })
-    })
-}
 
 /// The finding the repairer keeps on a node that stopped reporting.
-const UNREACHABLE: &str = "unreachable";
+pub(super) const UNREACHABLE: &str = "unreachable";
 
 impl Engine {
     /// Takes in a report; returns the reply (commands for the node).
@@ -58,7 +44,8 @@ impl Engine {
             ))?;
             nodes.insert(NodeRecord::new(&report.node, now));
         }
-        let (changed, rebooted, save) = nodes.update(&report.node, |node, events| {
+        // A report that brings nothing new (most are heartbeats) wakes no loop.
+        let (changed, rebooted, save) = nodes.update_quietly(&report.node, |node, events| {
             // Held as unknown until the inventory took it in: it is in the fleet from now on.
             let came_in = nodes::set_unknown(events, node, false, "in the inventory now", now)?;
             let rebooted = !node.boot_id.is_empty() && node.boot_id != report.boot_id;
@@ -92,6 +79,9 @@ impl Engine {
             changed |= track(node, FindingSource::Agent, &incoming, now);
             Ok((changed, rebooted, changed || new_agent || moved_target || moved_address))
         })?;
+        if changed {
+            nodes.mark_changed();
+        }
         // Started under the lock (so a node's writes are made in the order of its changes) and
         // waited for after it: no other report waits for this one's write.
         let saving = save.then(|| nodes.start_save(&report.node));
@@ -152,7 +142,7 @@ impl Engine {
             nodes::set_unknown(&self.events, &mut record, true, &reason, now)?;
             nodes.insert(record);
         }
-        let save = nodes.update(&report.node, |node, events| {
+        let save = nodes.update_quietly(&report.node, |node, events| {
             let left = nodes::set_unknown(events, node, true, nodes::UNKNOWN_REASON, now)?;
             let new_agent =
                 node.agent_version != report.agent_version || node.boot_id != report.boot_id;
@@ -229,107 +219,5 @@ impl Engine {
         nodes.save(node_name)?;
         drop(nodes);
         self.evaluate(node_name, now)
-    }
-
-    /// Time-based work: unreachable nodes, debounce durations, cooldowns ending, held actions.
-    pub fn tick(self: &Arc<Self>, now: u64) {
-        let deadline = self.config.report_interval.as_millis() as u64
-            * u64::from(self.config.unreachable_after);
-        let names: Vec<String> = {
-            let mut nodes = self.nodes.lock();
-            let heartbeats = self.nodes.heartbeats();
-            let heard = |node: &NodeRecord| match heartbeats {
-                Some(heartbeats) => heartbeats.last_heard_ms(&node.name, node.last_report_ms),
-                None => node.last_report_ms,
-            };
-            let is_silent = |node: &NodeRecord| {
-                now.saturating_sub(heard(node).max(self.started_ms)) > deadline
-                    && !node.findings.iter().any(|t| t.finding.finding == UNREACHABLE)
-                    && node.state.is_member()
-                    && !node.unknown
-                    && node.state != NodeState::Repairing
-            };
-            let silent: Vec<String> = match heartbeats {
-                Some(heartbeats) => heartbeats
-                    .maybe_silent_since(now.saturating_sub(deadline))
-                    .into_iter()
-                    .filter(|name| nodes.get(name).is_some_and(is_silent))
-                    .collect(),
-                None => nodes.records().filter(|n| is_silent(n)).map(|n| n.name.clone()).collect(),
-            };
-            for name in silent {
-                let marked = nodes
-                    .update(&name, |node, events| self.mark_unreachable(node, events, now))
-                    .and_then(|()| Ok(nodes.save(&name)?));
-                if let Err(err) = marked {
-                    tracing::error!(node = %name, error = %err, "recording an unreachable node failed");
-                }
-            }
-            // Nodes whose decision can change with time: debounce durations, cooldowns ending,
-            // held actions, drained nodes waiting for their findings to clear (kept as records
-            // change, not found by a pass over the fleet). An action held by the breaker or by a
-            // limit on the fleet (concurrent repairs, unavailable nodes) waits for the fleet to
-            // change, not for time: while no node changed state and the breaker did not move,
-            // deciding again about it would decide the same (a storm holds thousands).
-            let version = (nodes.generation(), self.breaker.is_open());
-            let fleet_moved = {
-                let mut last = self.tick_version.lock().unwrap_or_else(PoisonError::into_inner);
-                let moved = *last != Some(version);
-                *last = Some(version);
-                moved
-            };
-            let mut timed = nodes.timed();
-            if !fleet_moved {
-                timed.retain(|name| !nodes.get(name).is_some_and(held_by_the_fleet));
-            }
-            timed
-        };
-        for name in names {
-            if let Err(err) = self.evaluate(&name, now) {
-                tracing::error!(node = %name, error = %err, "evaluating a node failed");
-            }
-        }
-    }
-
-    /// Tracks the repairer's `unreachable` finding on a silent node, and makes a working one
-    /// unreachable (the event first: a node whose event could not be written stays as it was).
-    fn mark_unreachable(
-        &self,
-        node: &mut NodeRecord,
-        events: &crate::ports::EventLog,
-        now: u64,
-    ) -> Result<(), crate::store::StoreError> {
-        let mut marked = node.clone();
-        let finding = Finding::new(
-            "repairer",
-            UNREACHABLE,
-            "",
-            Status::Fail,
-            RecommendedAction::Reboot,
-            format!("no report for {} s", now.saturating_sub(node.last_report_ms) / 1000),
-        );
-        marked.findings.push(TrackedFinding {
-            finding,
-            source: FindingSource::Repairer,
-            first_seen_ms: now,
-            last_seen_ms: now,
-            observations: 1,
-        });
-        if marked.unhealthy_since_ms.is_none() {
-            marked.unhealthy_since_ms = Some(now);
-        }
-        if matches!(marked.state, NodeState::Healthy | NodeState::Suspect) {
-            let reason = format!("no report for {} intervals", self.config.unreachable_after);
-            nodes::transition(
-                events,
-                &mut marked,
-                NodeState::Unreachable,
-                &reason,
-                Actor::repairer(),
-                now,
-            )?;
-        }
-        *node = marked;
-        Ok(())
     }
 }

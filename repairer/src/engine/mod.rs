@@ -10,6 +10,7 @@
 mod apply;
 mod ingest;
 mod operator;
+mod tick;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -157,6 +158,10 @@ pub struct Engine {
     started_ms: u64,
     /// The fleet's generation and the breaker's state at the last tick (see `tick`).
     tick_version: std::sync::Mutex<Option<(u64, bool)>>,
+    /// Raised when something may have made the tick's work due: a node changed (raised by the
+    /// nodes themselves), the breaker closed, a node went silent where heartbeats are not
+    /// reports (the simulator's).
+    wake: Arc<Notify>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -171,6 +176,10 @@ impl Engine {
         let breaker = Arc::new(Breaker::load(parts.events.clone())?);
         let started_ms = parts.clock.now_ms();
         let progress = Arc::new(Notify::new());
+        let wake = parts.nodes.subscribe();
+        if let Some(prober) = &parts.prober {
+            prober.tell_verdicts_to(progress.clone());
+        }
         let workflows = Arc::new(WorkflowContext {
             clock: parts.clock.clone(),
             events: parts.events.clone(),
@@ -210,10 +219,12 @@ impl Engine {
             workflows,
             started_ms,
             tick_version: std::sync::Mutex::new(None),
+            wake,
         }))
     }
 
-    /// Starts the background work: resumes open workflows and runs the tick.
+    /// Starts the background work: resumes open workflows and runs the tick, on the whole
+    /// multiples of `[engine] tick` at which something is due (see [`clock::when_due`]).
     pub fn start(self: &Arc<Self>) -> Result<(), EngineError> {
         for workflow in self.events.store().open_workflows::<Workflow>()? {
             tracing::info!(node = %workflow.node, id = workflow.id, step = ?workflow.step, "resuming workflow");
@@ -221,12 +232,17 @@ impl Engine {
         }
         let engine = Arc::downgrade(self);
         let clock = self.clock.clone();
-        tokio::spawn(clock::every(clock, self.config.tick, move |now| {
-            let Some(engine) = engine.upgrade() else { return false };
-            engine.tick(now);
-            true
+        tokio::spawn(clock::when_due(clock, self.config.tick, self.wake.clone(), move |now| {
+            let Some(engine) = engine.upgrade() else { return clock::Next::Stop };
+            engine.tick(now)
         }));
         Ok(())
+    }
+
+    /// Something outside the nodes' records may have made the tick's work due: a node's
+    /// heartbeats stopped where they are not reports (the simulator's `Heartbeats`).
+    pub fn wake(&self) {
+        self.wake.notify_one();
     }
 
     pub(crate) fn spawn_workflow(&self, workflow: Workflow) {

@@ -17,6 +17,8 @@ impl Engine {
             // Nodes that turned unhealthy during the storm must not trip it again at once.
             self.nodes.lock().forget_unhealthy_since();
             self.progress.notify_waiters();
+            // Actions the breaker held are decided again.
+            self.wake();
         }
         Ok(self.breaker())
     }

@@ -5,15 +5,17 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{FleetView, NodeView};
+use super::{FleetShare, FleetView, NodeView};
 use crate::model::RuleAction;
 
 /// Limits that no rule can bypass.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GuardRails {
-    /// Most reboots and replacements in flight at once.
-    pub max_concurrent_repairs: u32,
+    /// Most reboots and replacements in flight at once: a count of nodes (`32`) or a share of
+    /// the fleet (`"2%"`, rounded up, at least one), the fleet being the inventory's nodes where
+    /// there is an inventory, else the nodes seen.
+    pub max_concurrent_repairs: FleetShare,
     /// Most of the fleet that may be unavailable (draining, drained, repairing, validating,
     /// unreachable, quarantined); at least one node may always be taken out.
     pub max_unavailable_fraction: f64,
@@ -37,7 +39,7 @@ pub struct GuardRails {
 impl Default for GuardRails {
     fn default() -> Self {
         GuardRails {
-            max_concurrent_repairs: 2,
+            max_concurrent_repairs: FleetShare::Percent(2.0),
             max_unavailable_fraction: 0.10,
             breaker_fraction: 0.20,
             breaker_window: Duration::from_secs(600),
@@ -90,7 +92,9 @@ pub(super) fn hold(
         Some(Hold::Breaker)
     } else if now_ms < node.cooldown_until_ms {
         Some(Hold::Cooldown)
-    } else if action.is_repair() && fleet.repairs_in_flight >= guard.max_concurrent_repairs {
+    } else if action.is_repair()
+        && fleet.repairs_in_flight >= guard.max_concurrent_repairs.of(fleet.size)
+    {
         Some(Hold::MaxConcurrentRepairs)
     } else if !node.state.is_unavailable()
         && fleet.unavailable + 1 > guard.allowed_unavailable(fleet.members)

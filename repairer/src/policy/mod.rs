@@ -8,6 +8,7 @@
 mod escalation;
 mod guard_rails;
 mod rules;
+mod share;
 
 use fleetmend_proto::Finding;
 use serde::{Deserialize, Serialize};
@@ -15,6 +16,7 @@ use serde::{Deserialize, Serialize};
 pub use self::escalation::Escalation;
 pub use self::guard_rails::{GuardRails, Hold, breaker_trips};
 pub use self::rules::{RuleActionSpec, RuleConfig, Rung, builtin_rules};
+pub use self::share::FleetShare;
 use crate::model::{NodeState, RuleAction, TrackedFinding};
 
 /// How the repairer acts on its decisions.
@@ -111,8 +113,8 @@ impl Policy {
             }
         }
         let g = &self.guard_rails;
-        if g.max_concurrent_repairs == 0 {
-            push(format!("{section}.guard_rails.max_concurrent_repairs"), "must be at least 1");
+        if let Some(problem) = g.max_concurrent_repairs.problem() {
+            push(format!("{section}.guard_rails.max_concurrent_repairs"), &problem);
         }
         for (field, value) in [
             ("max_unavailable_fraction", g.max_unavailable_fraction),
@@ -161,6 +163,9 @@ pub struct NodeView<'a> {
 pub struct FleetView {
     /// Nodes that are part of the fleet (not retired).
     pub members: u32,
+    /// The fleet's size, what the limits given as a share of it are taken of: the inventory's
+    /// nodes where there is one, else the members seen.
+    pub size: u32,
     /// Of those, unavailable now.
     pub unavailable: u32,
     /// Reboots and replacements in flight.
@@ -279,6 +284,35 @@ pub fn decide(node: NodeView<'_>, fleet: FleetView, policy: &Policy, now_ms: u64
     }
 }
 
+/// The earliest instant after `now_ms` at which [`decide`] could decide otherwise about `node`
+/// with nothing but time changed: a finding's debounce (`for`) ending, a drained node's drain
+/// window passing, the cooldown ending, a finished repair leaving the reboot or the remediation
+/// window. None: only a change of the node or of the fleet can change the decision. The engine's
+/// tick decides again about a node then, and not before: between these instants `decide` gives
+/// the same answer (a table test holds it to that).
+pub fn next_change(node: NodeView<'_>, policy: &Policy, now_ms: u64) -> Option<u64> {
+    let millis = |d: std::time::Duration| d.as_millis() as u64;
+    let mut next = crate::clock::Earliest::after(now_ms);
+    let rules = policy.effective_rules();
+    for tracked in node.findings {
+        let Some(rule) = rules.iter().find(|r| r.matches(tracked)) else { continue };
+        next.add_later(tracked.first_seen_ms.saturating_add(millis(rule.for_duration)));
+        if node.state == NodeState::Drained {
+            let window = rule.drain_window.unwrap_or(policy.escalation.drain_window);
+            next.add_later(node.state_since_ms.saturating_add(millis(window)));
+        }
+    }
+    next.add_later(node.cooldown_until_ms);
+    let escalation = &policy.escalation;
+    for repair in node.history {
+        for window in [escalation.reboot_window, escalation.remediation_window] {
+            // Inside the window while `now - finished <= window`: out of it one millisecond on.
+            next.add_later(repair.finished_ms.saturating_add(millis(window)).saturating_add(1));
+        }
+    }
+    next.earliest()
+}
+
 /// The state change a node makes when no disruptive action is due: healthy → suspect while a
 /// debounce runs (`pending`), and back once nothing is pending.
 fn transition_without_action(state: NodeState, pending: bool) -> Option<Decision> {
@@ -302,5 +336,7 @@ fn transition_without_action(state: NodeState, pending: bool) -> Option<Decision
     }
 }
 
+#[cfg(test)]
+mod next_change_tests;
 #[cfg(test)]
 mod tests;

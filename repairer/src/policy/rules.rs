@@ -127,7 +127,7 @@ fn one() -> u32 {
 }
 
 impl RuleConfig {
-    fn matches(&self, tracked: &TrackedFinding) -> bool {
+    pub(super) fn matches(&self, tracked: &TrackedFinding) -> bool {
         let finding = &tracked.finding;
         self.source.is_none_or(|s| s == tracked.source)
             && self.check.as_deref().is_none_or(|c| c == finding.check)

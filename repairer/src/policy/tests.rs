@@ -41,7 +41,7 @@ fn tracked(finding: Finding, observations: u32, age_ms: u64) -> TrackedFinding {
 }
 
 fn fleet() -> FleetView {
-    FleetView { members: 20, unavailable: 0, repairs_in_flight: 0, breaker_open: false }
+    FleetView { members: 20, size: 20, unavailable: 0, repairs_in_flight: 0, breaker_open: false }
 }
 
 fn node<'a>(state: NodeState, findings: &'a [TrackedFinding]) -> NodeView<'a> {
@@ -294,7 +294,13 @@ fn guard_rails_hold_actions() {
     // A node already out (unreachable) does not add to the count.
     assert_eq!(hold(node(NodeState::Unreachable, &bus), f), None);
     // At least one node may always be taken out, even in a tiny fleet.
-    let tiny = FleetView { members: 5, unavailable: 0, repairs_in_flight: 0, breaker_open: false };
+    let tiny = FleetView {
+        members: 5,
+        size: 5,
+        unavailable: 0,
+        repairs_in_flight: 0,
+        breaker_open: false,
+    };
     assert_eq!(hold(node(NodeState::Healthy, &bus), tiny), None);
     let tiny = FleetView { unavailable: 1, ..tiny };
     assert_eq!(hold(node(NodeState::Healthy, &bus), tiny), Some(Hold::MaxUnavailable));

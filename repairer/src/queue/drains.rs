@@ -44,6 +44,7 @@ impl JobQueue {
     }
 
     pub(crate) fn drain_node(&self, node: &str, reason: &str) -> Result<(), SchedulerError> {
+        self.wake();
         let now = self.clock.now_ms();
         let mut state = self.lock();
         let spare = state.drained.get(node).is_some_and(|d| is_spare(&d.reason));
@@ -83,6 +84,7 @@ impl JobQueue {
 
     /// Puts `node` back in the queue's placement, only if fleetmend drained it.
     pub(crate) fn undrain_node(&self, node: &str) -> Result<UndrainOutcome, SchedulerError> {
+        self.wake();
         let mut state = self.lock();
         Ok(match state.drained.get(node) {
             None => UndrainOutcome::NotDrained,
@@ -128,6 +130,7 @@ impl JobQueue {
 
     /// SIGUSR1 to the live ranks of `job` (a job already stopping was asked when its stop began).
     pub(crate) fn request_checkpoint(&self, job: &str) -> Result<(), SchedulerError> {
+        self.wake();
         let mut state = self.lock();
         let job = Self::job_or_unknown(&mut state, job)?;
         if matches!(job.state, JobState::Starting | JobState::Running) {
@@ -145,6 +148,7 @@ impl JobQueue {
     /// Stops `job` to restart it from its newest checkpoint. Idempotent: a job stopping, queued or
     /// done is left as it is.
     pub(crate) fn requeue_job(&self, job: &str) -> Result<(), SchedulerError> {
+        self.wake();
         let now = self.clock.now_ms();
         let mut state = self.lock();
         let job = Self::job_or_unknown(&mut state, job)?;

@@ -147,21 +147,7 @@ impl Hang {
 /// Whether `job` is hung at `now` under `rule`: running, a step past its start reported, and no
 /// newer step for `max(factor × median step time, floor)`.
 pub fn hang(job: &Job, rule: &HangRule, now: u64) -> Option<Hang> {
-    if job.state != JobState::Running || rule.floor.is_zero() {
-        return None;
-    }
-    let (step, at) = job.health.advanced?;
-    let floor_ms = rule.floor.as_millis() as u64;
-    let by_steps = job
-        .health
-        .median_step_seconds()
-        .map(|median| (median * rule.factor.max(0.0) * 1000.0).ceil() as u64)
-        .unwrap_or(0);
-    // Never sooner than a few of the job's own gaps between posts that brought a step.
-    let by_posts = median(job.health.advance_gaps.iter().copied())
-        .map(|gap| (gap * POST_GAPS * 1000.0).ceil() as u64)
-        .unwrap_or(0);
-    let limit_ms = floor_ms.max(by_steps).max(by_posts);
+    let (step, at, limit_ms) = hang_limit(job, rule)?;
     let stalled_ms = now.saturating_sub(at);
     if stalled_ms < limit_ms {
         return None;
@@ -184,6 +170,32 @@ pub fn hang(job: &Job, rule: &HangRule, now: u64) -> Option<Hang> {
     }
     ranks.retain(|r| (*r as usize) < job.ranks.len());
     Some(Hang { step, stalled_ms, limit_ms, ranks: ranks.into_iter().collect() })
+}
+
+/// The step a running job stands at, since when, and how long it may stand there before it is
+/// hung: `max(factor × median step time, floor)`, and never sooner than a few of the job's own
+/// gaps between posts that brought a step. None: not running, no step yet, or detection off.
+fn hang_limit(job: &Job, rule: &HangRule) -> Option<(u64, u64, u64)> {
+    if job.state != JobState::Running || rule.floor.is_zero() {
+        return None;
+    }
+    let (step, at) = job.health.advanced?;
+    let floor_ms = rule.floor.as_millis() as u64;
+    let by_steps = job
+        .health
+        .median_step_seconds()
+        .map(|median| (median * rule.factor.max(0.0) * 1000.0).ceil() as u64)
+        .unwrap_or(0);
+    let by_posts = median(job.health.advance_gaps.iter().copied())
+        .map(|gap| (gap * POST_GAPS * 1000.0).ceil() as u64)
+        .unwrap_or(0);
+    Some((step, at, floor_ms.max(by_steps).max(by_posts)))
+}
+
+/// When `job` turns hung if no step comes before then ([`hang`] finds it hung from then on).
+pub fn hang_due(job: &Job, rule: &HangRule) -> Option<u64> {
+    let (_, at, limit_ms) = hang_limit(job, rule)?;
+    Some(at.saturating_add(limit_ms))
 }
 
 /// When a rank counts as a straggler (`[queue] straggler_ratio`, `straggler_window`).

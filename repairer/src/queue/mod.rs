@@ -17,6 +17,7 @@ pub mod job;
 pub mod placement;
 
 mod drains;
+mod due;
 mod progress;
 mod reports;
 mod stop;
@@ -174,6 +175,9 @@ pub struct JobQueue {
     unreachable_window_ms: u64,
     state: Mutex<QueueState>,
     resume_seconds: ResumeSeconds,
+    /// Raised when the tick's work may have come due: a node changed (raised by the fleet), a
+    /// job was submitted, cancelled or drained, a rank started or ended, progress came in.
+    wake: Arc<tokio::sync::Notify>,
 }
 
 impl std::fmt::Debug for JobQueue {
@@ -259,6 +263,7 @@ impl JobQueue {
             state.jobs.insert(job.id.clone(), job);
         }
         reindex(&mut state);
+        let wake = fleet.subscribe();
         Ok(Arc::new(JobQueue {
             config,
             events,
@@ -270,10 +275,12 @@ impl JobQueue {
             unreachable_window_ms: unreachable_window.as_millis() as u64,
             state: Mutex::new(state),
             resume_seconds: ResumeSeconds::new(),
+            wake,
         }))
     }
 
-    /// Sends again what a previous process may not have delivered, and starts the tick.
+    /// Sends again what a previous process may not have delivered, and starts the tick on the
+    /// whole multiples of `[queue] tick` at which something is due ([`clock::when_due`]).
     pub fn start(self: &Arc<Self>) {
         {
             let state = self.lock();
@@ -292,11 +299,16 @@ impl JobQueue {
             }
         }
         let queue = Arc::downgrade(self);
-        tokio::spawn(clock::every(self.clock.clone(), self.config.tick, move |now| {
-            let Some(queue) = queue.upgrade() else { return false };
-            queue.tick(now);
-            true
+        let (clock, wake) = (self.clock.clone(), self.wake.clone());
+        tokio::spawn(clock::when_due(clock, self.config.tick, wake, move |now| {
+            let Some(queue) = queue.upgrade() else { return clock::Next::Stop };
+            queue.tick(now)
         }));
+    }
+
+    /// Something changed that the tick may have work for.
+    fn wake(&self) {
+        self.wake.notify_one();
     }
 
     fn lock(&self) -> MutexGuard<'_, QueueState> {
@@ -321,6 +333,7 @@ impl JobQueue {
 
     /// Queues a job.
     pub fn submit(&self, spec: JobSpec, who: &str) -> Result<JobView, QueueError> {
+        self.wake();
         let problems = spec.problems();
         if !problems.is_empty() {
             return Err(QueueError::InvalidSpec(problems));
@@ -365,6 +378,7 @@ impl JobQueue {
 
     /// A person cancels a job: a queued one at once, a running one by SIGTERM then SIGKILL.
     pub fn cancel(&self, id: &str, who: &str) -> Result<JobView, QueueError> {
+        self.wake();
         let now = self.clock.now_ms();
         let mut state = self.lock();
         let job = state.jobs.get_mut(id).ok_or_else(|| QueueError::UnknownJob(id.to_owned()))?;

@@ -18,6 +18,7 @@ impl JobQueue {
         token: Option<&str>,
         progress: &Progress,
     ) -> Result<ProgressReply, QueueError> {
+        self.wake();
         let now = self.clock.now_ms();
         let mut state = self.lock();
         let job = state.jobs.get(id).ok_or_else(|| QueueError::UnknownJob(id.to_owned()))?;

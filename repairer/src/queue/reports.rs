@@ -85,6 +85,10 @@ impl JobQueue {
                 touched.entry(id).or_default().push(index as usize);
             }
         }
+        // What moved is the tick's to move on.
+        if !touched.is_empty() || !stale_running.is_empty() {
+            self.wake();
+        }
         for key in stale_running {
             let due = state.stale_kills.get(&key).is_none_or(|sent| {
                 now.saturating_sub(*sent) >= self.config.stop_grace.as_millis() as u64

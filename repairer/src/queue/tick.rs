@@ -14,23 +14,24 @@ use super::{
     AttemptRecord, Job, JobQueue, JobState, QueueState, RankRecord, StopCause, StopPhase, Unusable,
     reindex, restarting, set_state,
 };
+use crate::clock::{Earliest, Next};
 use crate::model::{EventKind, NodeState, Severity};
 use crate::ports::JobFinding;
 use crate::scheduler::is_spare;
 
 /// How long placement that found no room waits before trying again with an unchanged fleet (a
 /// node whose silence ended without a change of state is eligible again).
-const PLACEMENT_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
+pub(super) const PLACEMENT_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How often the tick saves a job whose progress figures or ranks keep changing. The first
 /// change after a quiet spell is saved at the next tick; the rest of a burst (the 2,000 ranks of a
 /// restart reporting over one report interval) at most this often: each save writes every rank.
 /// A restarted repairer loses at most this much of the progress figures (the ranks' states come
 /// back with the agents' reports).
-const DIRTY_SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+pub(super) const DIRTY_SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How long a straggler finding stays after its job stopped (see `flag_stragglers`).
-const STRAGGLER_HOLD: std::time::Duration = std::time::Duration::from_secs(60);
+pub(super) const STRAGGLER_HOLD: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Attempts whose node lists a job's history keeps (the newest).
 const ATTEMPTS_WITH_NODES: usize = 16;
@@ -53,7 +54,8 @@ fn waiting_reason(reason: &str) -> &str {
 
 impl JobQueue {
     /// Time-based work: start timeouts, lost nodes, the stop sequence, placement, saving progress.
-    pub fn tick(&self, now: u64) {
+    /// Returns when it may next find work with time alone.
+    pub fn tick(&self, now: u64) -> Next {
         // What needs the pass over the fleet: a node that changed state (a rank's node may have
         // become unusable) or a job waiting for nodes. With neither, and nothing starting,
         // stopping or with changed ranks, the tick only saves progress figures (one tick a second
@@ -84,7 +86,7 @@ impl JobQueue {
                 && state.jobs.values().all(settled);
             if quiet {
                 self.save_dirty(&mut state, now);
-                return;
+                return Earliest::after(now).with(self.next_due(&state, now)).next();
             }
             state.fleet_generation = Some(generation);
             state.moved.clear();
@@ -160,6 +162,7 @@ impl JobQueue {
         self.save_dirty(&mut state, now);
         let grace = self.config.stop_grace.as_millis() as u64 * 4;
         state.stale_kills.retain(|_, sent| now.saturating_sub(*sent) < grace);
+        Earliest::after(now).with(self.next_due(&state, now)).next()
     }
 
     /// Whether a queued job of `nodes` nodes may fit. Placement reads the whole fleet, so it is

@@ -65,6 +65,11 @@ pub async fn run(cx: Arc<WorkflowContext>, mut workflow: Workflow) {
     let mut answer: Option<Answer> = None;
     let mut failures = 0u32;
     loop {
+        // Listening before looking: a report that lands between the look and the wait still
+        // wakes the wait, so a step waits for its deadline or its report, never for a poll.
+        let progressed = cx.progress.notified();
+        tokio::pin!(progressed);
+        progressed.as_mut().enable();
         let seen = observe(&cx, &workflow, answer.take());
         let step_before = workflow.step;
         let transition = machine::next(&workflow, &seen, &cx.limits);
@@ -93,7 +98,7 @@ pub async fn run(cx: Arc<WorkflowContext>, mut workflow: Workflow) {
                 tokio::select! {
                     biased;
                     () = cx.clock.sleep(wait) => {}
-                    () = cx.progress.notified() => {}
+                    () = progressed => {}
                 }
             }
             Effect::Backoff => {

@@ -9,32 +9,17 @@
 use std::time::Duration;
 
 use super::{Outcome, Step, Workflow, WorkflowKind, WorkflowTimeouts};
-use crate::clock::next_multiple;
 use crate::model::{NodeState, RuleAction};
 use crate::policy::Rung;
 use crate::scheduler::{DRAIN_REASON_PREFIX, UndrainOutcome};
 
-/// Longest a step that waits for a report (a new boot, a replacement's first report) sleeps
-/// before it looks again: such a report wakes it at once, the poll only catches a wake-up missed
-/// while it was busy.
-const AWAIT_POLL_MS: u64 = 1000;
-/// The same after `AWAIT_POLL_SLOWS_AFTER_MS` of waiting: a replacement may take days, and one
-/// wake-up a second for each would be most of the repairer's work in a simulated fleet.
-const AWAIT_POLL_SLOW_MS: u64 = 10_000;
-const AWAIT_POLL_SLOWS_AFTER_MS: u64 = 60_000;
-/// Longest the validate step sleeps before it looks for the deep check's result again.
-const VALIDATE_POLL_MS: u64 = 500;
-/// How often a workflow held by the open breaker looks again.
-const BREAKER_POLL_MS: u64 = 1000;
+/// What a step that waits for something only a report or a person brings (a new boot, a
+/// replacement's first report, a deep check's result, the breaker closed) waits until when it has
+/// no deadline: it is woken by what it waits for (the driver listens before it looks, so no
+/// wake-up is missed), never by a poll.
+const UNTIL_WOKEN: u64 = u64::MAX;
 /// The workflow's own reason is cut to this many characters in a drain reason.
 const DRAIN_REASON_CHARS: usize = 200;
-
-/// When a step that has waited for a report since `since_ms` looks again (on whole seconds, with
-/// every other workflow's poll and the ticks).
-fn next_await_poll(now: u64, since_ms: u64) -> u64 {
-    let slow = now.saturating_sub(since_ms) >= AWAIT_POLL_SLOWS_AFTER_MS;
-    next_multiple(now, if slow { AWAIT_POLL_SLOW_MS } else { AWAIT_POLL_MS })
-}
 
 /// The limits the machine works under.
 #[derive(Debug, Clone, PartialEq)]
@@ -317,8 +302,7 @@ fn await_boot(mut wf: Workflow, seen: &Observation, limits: &Limits) -> Transiti
     let issued = wf.issued_ms.unwrap_or(now);
     let deadline = issued + millis(limits.timeouts.reboot_timeout);
     if now < deadline {
-        let until_ms = deadline.min(next_await_poll(now, issued));
-        return Transition::stay(wf, Effect::WaitUntil { until_ms });
+        return Transition::stay(wf, Effect::WaitUntil { until_ms: deadline });
     }
     if wf.attempt < limits.timeouts.reboot_attempts {
         wf.attempt += 1;
@@ -350,8 +334,7 @@ fn await_replacement(
     let issued = wf.issued_ms.unwrap_or(now);
     let deadline = issued + millis(limits.timeouts.replace_timeout);
     if now < deadline {
-        let until_ms = deadline.min(next_await_poll(now, issued));
-        return Transition::stay(wf, Effect::WaitUntil { until_ms });
+        return Transition::stay(wf, Effect::WaitUntil { until_ms: deadline });
     }
     quarantine(wf, &format!("the replacement {new_node} never reported"), now)
 }
@@ -432,7 +415,8 @@ fn settle(mut wf: Workflow, seen: &Observation, limits: &Limits) -> Transition {
         return Transition::stay(wf, Effect::WaitUntil { until_ms: settle_until });
     }
     if seen.breaker_open {
-        let until_ms = next_multiple(now, BREAKER_POLL_MS);
+        // Closing the breaker wakes every workflow.
+        let until_ms = UNTIL_WOKEN;
         if wf.last_error.as_deref() == Some(BREAKER_OPEN) {
             return Transition::stay(wf, Effect::WaitUntil { until_ms });
         }
@@ -481,8 +465,11 @@ fn evidence(wf: Workflow, seen: &Observation, done: Option<&Done>, limits: &Limi
         let effect = gather_evidence(&wf, id, timeout);
         return Transition::stay(wf, effect);
     }
-    let until_ms = deadline.min(next_multiple(now, VALIDATE_POLL_MS));
-    Transition::stay(wf, Effect::WaitUntil { until_ms })
+    // The bundle comes in a report, which wakes the step; a node that falls silent meanwhile is
+    // looked at once its silence would count.
+    let silent_at =
+        seen.last_heard_ms.saturating_add(millis(limits.silent_after)).saturating_add(1);
+    Transition::stay(wf, Effect::WaitUntil { until_ms: deadline.min(silent_at) })
 }
 
 const BREAKER_OPEN: &str = "breaker open";
@@ -546,8 +533,9 @@ fn validate(
     }
     let deadline = wf.step_since_ms + millis(limits.timeouts.validate_timeout);
     if now < deadline {
-        let until_ms = deadline.min(next_multiple(now, VALIDATE_POLL_MS));
-        return Transition::stay(wf, Effect::WaitUntil { until_ms });
+        // The deep check's result comes in a report and the allreduce probe's verdict with a
+        // wake of its own: both end the wait.
+        return Transition::stay(wf, Effect::WaitUntil { until_ms: deadline });
     }
     escalate(wf, "the deep check did not answer in time", now)
 }

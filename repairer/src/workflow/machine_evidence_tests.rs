@@ -42,11 +42,11 @@ fn evidence_is_asked_for_when_settling_and_never_holds_the_repair() {
             state: NodeState::Draining,
         },
         Row {
-            name: "asked: waits within the box",
+            name: "asked: waits for the bundle's report, the box, or the node's silence to count",
             workflow: asked.clone(),
             seen: answered(Done::EvidenceAsked),
             step: Step::Evidence,
-            effect: Effect::WaitUntil { until_ms: NOW + 500 },
+            effect: Effect::WaitUntil { until_ms: NOW + 70_000 },
             state: NodeState::Draining,
         },
         Row {

@@ -277,11 +277,11 @@ fn settle_holds_destructive_steps_and_ends_drains_and_quarantines() {
             state: NodeState::Draining,
         },
         Row {
-            name: "breaker open",
+            name: "breaker open: waits until closing it wakes every workflow",
             workflow: at(Step::Settle),
             seen: breaker.clone(),
             step: Step::Settle,
-            effect: Effect::WaitUntil { until_ms: NOW + 1_000 },
+            effect: Effect::WaitUntil { until_ms: u64::MAX },
             state: NodeState::Draining,
         },
         Row {
@@ -395,11 +395,11 @@ fn repair_steps_issue_once_and_await_their_effect() {
             state: NodeState::Repairing,
         },
         Row {
-            name: "await boot: not yet",
+            name: "await boot: not yet: waits for the new boot's report or the reboot timeout",
             workflow: awaiting.clone(),
             seen: seen(),
             step: Step::AwaitBoot,
-            effect: Effect::WaitUntil { until_ms: NOW + 1_000 },
+            effect: Effect::WaitUntil { until_ms: NOW + 595_000 },
             state: NodeState::Repairing,
         },
         Row {
@@ -445,19 +445,19 @@ fn a_replacement_is_awaited_drained_and_validated() {
     };
     check(vec![
         Row {
-            name: "not reported yet: looks again within the second",
+            name: "not reported yet: waits for its report or the replace timeout (1 h)",
             workflow: Workflow { issued_ms: Some(NOW - 5_000), ..awaiting.clone() },
             seen: seen(),
             step: Step::AwaitReplacement,
-            effect: Effect::WaitUntil { until_ms: NOW + 1_000 },
+            effect: Effect::WaitUntil { until_ms: NOW - 5_000 + 3_600_000 },
             state: NodeState::Repairing,
         },
         Row {
-            name: "not reported a minute on: looks every 10 s (its first report wakes it)",
+            name: "not reported a minute on: no poll, its first report wakes it",
             workflow: awaiting.clone(),
             seen: seen(),
             step: Step::AwaitReplacement,
-            effect: Effect::WaitUntil { until_ms: NOW + 10_000 },
+            effect: Effect::WaitUntil { until_ms: NOW - 60_000 + 3_600_000 },
             state: NodeState::Repairing,
         },
         Row {
@@ -546,11 +546,11 @@ fn validation_asks_once_per_process_waits_and_escalates() {
             state: NodeState::Validating,
         },
         Row {
-            name: "queued: wait",
+            name: "queued: waits for the result's report or the validate timeout",
             workflow: asked.clone(),
             seen: answered(Done::DeepCheckQueued),
             step: Step::Validate,
-            effect: Effect::WaitUntil { until_ms: NOW + 500 },
+            effect: Effect::WaitUntil { until_ms: NOW + 1_199_000 },
             state: NodeState::Validating,
         },
         Row {
