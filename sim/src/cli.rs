@@ -14,8 +14,10 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use crate::config::{SimConfig, SimConfigError};
+use crate::config::SimConfig;
+use crate::inputs::{self, InputError, OwnInputs};
 use crate::plot::{self, PlotError};
+use crate::replay::{self, ReplayReport};
 use crate::report::SimReport;
 use crate::run::{self, SimError};
 
@@ -39,6 +41,18 @@ pub struct SimulateArgs {
     /// (2,048 nodes x 8 GPUs, 54 days).
     #[arg(long, short = 'c', value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// A repairer config (`fleetmend repairer --config`): its [policy], [engine] and [queue],
+    /// read and checked as the repairer reads it; the settings' [repairer.*] and --set go over it.
+    #[arg(long, value_name = "FILE")]
+    pub repairer_config: Option<PathBuf>,
+    /// The fleet's inventory (names and hostlist patterns, one a line, as the repairer's
+    /// [inventory] file): its size is the fleet's, its names the replayed history's nodes.
+    #[arg(long, value_name = "FILE", conflicts_with = "nodes")]
+    pub inventory: Option<PathBuf>,
+    /// Strike a failure history exported from a repairer (`fleetmend export-faults`) instead of
+    /// random failures, and compare the decisions per node with the recorded ones.
+    #[arg(long, value_name = "FILE")]
+    pub replay: Option<PathBuf>,
     /// Nodes in the fleet, spares included (`fleet.nodes`).
     #[arg(long, value_name = "N")]
     pub nodes: Option<u32>,
@@ -87,9 +101,9 @@ pub enum SimulateError {
     #[error("--plot {}: the chart is SVG only: name a .svg file", .path.display())]
     PlotFile { path: PathBuf },
     #[error(transparent)]
-    Settings(SimConfigError),
+    Settings(Box<InputError>),
     #[error("settings with --sweep {key}={value}: {source}")]
-    SweepSettings { key: String, value: String, source: SimConfigError },
+    SweepSettings { key: String, value: String, source: Box<InputError> },
     #[error("simulation{}: {source}", point_name(.point))]
     Run { point: Option<(String, String)>, source: SimError },
     #[error(transparent)]
@@ -231,22 +245,37 @@ fn checked_key(key: &str) -> Result<String, String> {
     Ok(key.to_owned())
 }
 
-/// One simulation, its summary or JSON, its chart.
+/// The settings: the file, the operator's own inputs, then `overrides`.
+fn settings(args: &SimulateArgs, overrides: &[(String, String)]) -> Result<SimConfig, InputError> {
+    let own = OwnInputs {
+        repairer_config: args.repairer_config.as_deref(),
+        inventory: args.inventory.as_deref(),
+        replay: args.replay.as_deref(),
+    };
+    inputs::load(args.config.as_deref(), own, overrides)
+}
+
+/// One simulation, its summary or JSON (with a replay's account), its chart.
 fn single(args: &SimulateArgs) -> Result<(), SimulateError> {
-    let config = SimConfig::load(args.config.as_deref(), &overrides(args))
-        .map_err(SimulateError::Settings)?;
+    let config =
+        settings(args, &overrides(args)).map_err(|err| SimulateError::Settings(Box::new(err)))?;
     let bar = progress_bar(1);
     let started = Instant::now();
     let result = match &bar {
-        Some(feed) => run::simulate(&config, Some(&|share| feed.advance(0, share))),
-        None => run::simulate(&config, None),
+        Some(feed) => replay::simulate(&config, Some(&|share| feed.advance(0, share))),
+        None => replay::simulate(&config, None),
     };
     if let Some(feed) = &bar {
         feed.bar.finish_and_clear();
     }
-    let report = result.map_err(|source| SimulateError::Run { point: None, source })?;
+    let (report, replayed) = result.map_err(|source| SimulateError::Run { point: None, source })?;
     let wall = started.elapsed().as_secs_f64();
-    let text = if args.json { json(&report)? } else { report.summary() };
+    let text = match (&replayed, args.json) {
+        (Some(replay), true) => json(&ReplayReport { report: &report, replay })?,
+        (Some(replay), false) => report.summary() + &replay.summary(),
+        (None, true) => json(&report)?,
+        (None, false) => report.summary(),
+    };
     print(&text)?;
     if let Some(path) = &args.plot {
         plot::single_chart(path, &report)?;
@@ -271,12 +300,10 @@ fn sweep_command(args: &SimulateArgs, sweep: &Sweep) -> Result<(), SimulateError
         .map(|value| {
             let mut overrides = base.clone();
             overrides.push((sweep.key.clone(), value.clone()));
-            SimConfig::load(args.config.as_deref(), &overrides).map_err(|source| {
-                SimulateError::SweepSettings {
-                    key: sweep.key.clone(),
-                    value: value.clone(),
-                    source,
-                }
+            settings(args, &overrides).map_err(|source| SimulateError::SweepSettings {
+                key: sweep.key.clone(),
+                value: value.clone(),
+                source: Box::new(source),
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
