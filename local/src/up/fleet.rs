@@ -694,7 +694,9 @@ impl Fleet {
         Ok(file.agents.into_iter().map(|a| (a.name, a.role)).collect())
     }
 
-    pub(super) fn repairer_config(
+    /// The repairer config of `config`'s fleet (a replay of its failure history runs with its
+    /// policy, engine and queue: tests/tests/replay.rs).
+    pub fn repairer_config(
         config: &FleetConfig,
         state_dir: &Path,
         admin_token_file: &Path,
