@@ -55,6 +55,22 @@ enum Verb {
         #[arg(long, default_value_t = 100)]
         limit: usize,
     },
+    /// Export the failure history as JSON: every fault that reached a decision in a window, with
+    /// its time, node, finding, the decisions and the repairs that followed (`fleetmend simulate
+    /// --replay FILE` replays it through a policy).
+    ExportFaults {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// The window's start: a duration ago (30d, 12h) or an RFC 3339 time.
+        #[arg(long, default_value = "30d", value_name = "AGO|TIME")]
+        since: String,
+        /// The window's end: a duration ago or an RFC 3339 time (default: now).
+        #[arg(long, value_name = "AGO|TIME")]
+        until: Option<String>,
+        /// At most this many faults (up to 100000): a window with more is refused, not cut.
+        #[arg(long, default_value_t = 10_000)]
+        limit: usize,
+    },
     /// Drain a node (fleetmend may undrain it later).
     Drain(NodeArgs),
     /// Put a drained or quarantined node back (only one fleetmend drained).
@@ -419,11 +435,12 @@ fn parse_action(text: &str) -> Result<fleetmend_repairer::model::RuleAction, Str
 
 /// The client verbs: one request to the repairer's admin API, printed as a table or JSON.
 fn client(verb: Verb) -> ExitCode {
-    use fleetmend_repairer::client::{Client, Format, Request};
+    use fleetmend_repairer::client::{Client, Format, Request, parse_moment};
     let args = match &verb {
         Verb::Nodes(client)
         | Verb::Node { client, .. }
         | Verb::Events { client, .. }
+        | Verb::ExportFaults { client, .. }
         | Verb::Jobs { client, .. }
         | Verb::Cancel { client, .. }
         | Verb::Breaker { client, .. } => client.clone(),
@@ -482,6 +499,15 @@ fn client(verb: Verb) -> ExitCode {
             Verb::Node { name, evidence: true, .. } => Request::Evidence(name),
             Verb::Node { name, .. } => Request::Node(name),
             Verb::Events { node, after, limit, .. } => Request::Events { node, after, limit },
+            Verb::ExportFaults { since, until, limit, .. } => {
+                let since_ms = parse_moment(&since, now)?;
+                let until_ms =
+                    until.as_deref().map_or(Ok(now), |until| parse_moment(until, now))?;
+                if since_ms >= until_ms {
+                    return Err(format!("--since {since} is not before --until: an empty window"));
+                }
+                Request::ExportFaults { since_ms, until_ms, limit }
+            }
             Verb::Drain(node) => Request::Drain(node.name),
             Verb::Undrain(node) => Request::Undrain(node.name),
             Verb::Repair { node, action } => {

@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 
 use crate::api::NodeDetail;
 use crate::engine::{BreakerState, NodeSummary};
+use crate::history::FaultHistory;
 use crate::model::{Event, RuleAction};
 use crate::queue::{CheckpointEvery, JobSpec, JobState, JobView};
 use crate::workflow::KeptEvidence;
@@ -210,6 +211,17 @@ impl Client {
         self.request("GET", &path, None).await
     }
 
+    /// The failure history of `[since_ms, until_ms)` (`GET /v1/history/faults`).
+    pub async fn history_faults(
+        &self,
+        since_ms: u64,
+        until_ms: u64,
+        limit: usize,
+    ) -> Result<FaultHistory, ClientError> {
+        let path = format!("/v1/history/faults?since={since_ms}&until={until_ms}&limit={limit}");
+        self.request("GET", &path, None).await
+    }
+
     pub async fn drain(&self, node: &str) -> Result<serde_json::Value, ClientError> {
         self.request("POST", &format!("/v1/nodes/{node}/drain"), None).await
     }
@@ -287,6 +299,12 @@ pub enum Request {
         after: i64,
         limit: usize,
     },
+    /// The failure history of a window, as its JSON document whatever the format.
+    ExportFaults {
+        since_ms: u64,
+        until_ms: u64,
+        limit: usize,
+    },
     Drain(String),
     Undrain(String),
     Repair {
@@ -337,6 +355,9 @@ impl Client {
             Request::Events { node, after, limit } => {
                 let events = self.events(after, node.as_deref(), limit).await?;
                 if table { events_table(&events) } else { pretty(&events) }
+            }
+            Request::ExportFaults { since_ms, until_ms, limit } => {
+                pretty(&self.history_faults(since_ms, until_ms, limit).await?)
             }
             Request::Drain(node) => pretty(&self.drain(&node).await?),
             Request::Undrain(node) => pretty(&self.undrain(&node).await?),
@@ -412,6 +433,24 @@ fn evidence_text(node: &str, kept: &[KeptEvidence]) -> String {
         out.push('\n');
     }
     out
+}
+
+/// A moment of `fleetmend export-faults --since/--until`, unix ms: a duration before `now_ms`
+/// (`30d`, `12h`) or an RFC 3339 time (`2026-01-01T00:00:00Z`).
+pub fn parse_moment(text: &str, now_ms: u64) -> Result<u64, String> {
+    let text = text.trim();
+    if let Ok(ago) = humantime::parse_duration(text) {
+        let ago_ms = u64::try_from(ago.as_millis()).unwrap_or(u64::MAX);
+        return Ok(now_ms.saturating_sub(ago_ms));
+    }
+    let at = humantime::parse_rfc3339_weak(text).map_err(|_| {
+        format!(
+            "{text:?} is neither a duration ago (30d) nor an RFC 3339 time (2026-01-01T00:00:00Z)"
+        )
+    })?;
+    let since_epoch =
+        at.duration_since(std::time::UNIX_EPOCH).map_err(|_| format!("{text:?} is before 1970"))?;
+    Ok(u64::try_from(since_epoch.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn pretty(value: &impl serde::Serialize) -> String {
@@ -546,6 +585,18 @@ pub fn jobs_table(jobs: &[JobView]) -> String {
 mod tests {
     use super::*;
     use crate::model::NodeState;
+
+    #[test]
+    fn moments_are_a_duration_ago_or_a_time() {
+        let now = 1_767_225_600_000;
+        assert_eq!(parse_moment("30d", now), Ok(now - 30 * 86_400_000));
+        assert_eq!(parse_moment(" 90m ", now), Ok(now - 90 * 60_000));
+        assert_eq!(parse_moment("2026-01-01T00:00:00Z", 0), Ok(1_767_225_600_000));
+        assert_eq!(parse_moment("0s", now), Ok(now));
+        assert_eq!(parse_moment("100000days", 5), Ok(0));
+        let err = parse_moment("last month", now).unwrap_err();
+        assert!(err.contains("neither a duration ago"), "{err}");
+    }
 
     #[test]
     fn node_table_aligns_columns() {

@@ -14,6 +14,7 @@ pub mod engine;
 pub mod exposition;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod history;
 pub mod identity;
 pub mod inbound;
 pub mod inventory;

@@ -37,6 +37,7 @@ const INTENDED: &[(&str, &str, &str)] = &[
     ("post", "/v1/nodes/{name}/repair", "operator"),
     ("post", "/v1/nodes/{name}/approve", "operator"),
     ("get", "/v1/events", "read"),
+    ("get", "/v1/history/faults", "read"),
     ("get", "/v1/breaker", "read"),
     ("post", "/v1/breaker/close", "operator"),
     ("get", "/v1/sd/prometheus", "read"),

@@ -17,8 +17,9 @@ use std::time::Instant;
 
 use self::grid::{Plan, Swept};
 use self::output::WallClock;
-use crate::config::SimConfigError;
+use crate::inputs::{InputError, OwnInputs};
 use crate::plot::PlotError;
+use crate::replay::{self, ReplayReport};
 use crate::replications::ReplicationsError;
 use crate::run::SimError;
 
@@ -38,6 +39,18 @@ pub struct SimulateArgs {
     /// (2,048 nodes x 8 GPUs, 54 days).
     #[arg(long, short = 'c', value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// A repairer config (`fleetmend repairer --config`): its [policy], [engine] and [queue],
+    /// read and checked as the repairer reads it; the settings' [repairer.*] and --set go over it.
+    #[arg(long, value_name = "FILE")]
+    pub repairer_config: Option<PathBuf>,
+    /// The fleet's inventory (names and hostlist patterns, one a line, as the repairer's
+    /// [inventory] file): its size is the fleet's, its names the replayed history's nodes.
+    #[arg(long, value_name = "FILE", conflicts_with = "nodes")]
+    pub inventory: Option<PathBuf>,
+    /// Strike a failure history exported from a repairer (`fleetmend export-faults`) instead of
+    /// random failures, and compare the decisions per node with the recorded ones.
+    #[arg(long, value_name = "FILE")]
+    pub replay: Option<PathBuf>,
     /// Nodes in the fleet, spares included (`fleet.nodes`).
     #[arg(long, value_name = "N")]
     pub nodes: Option<u32>,
@@ -100,9 +113,9 @@ pub enum SimulateError {
     )]
     SeedsPastTheLast { first: u64, seeds: NonZeroU32 },
     #[error(transparent)]
-    Settings(SimConfigError),
+    Settings(Box<InputError>),
     #[error("settings with {}: {source}", sweep_flags(.point))]
-    SweepSettings { point: Vec<(String, String)>, source: SimConfigError },
+    SweepSettings { point: Vec<(String, String)>, source: Box<InputError> },
     #[error("simulation{}: {source}", point_name(.point))]
     Run { point: Vec<(String, String)>, source: SimError },
     #[error(transparent)]
@@ -178,7 +191,12 @@ fn simulate_command(args: &SimulateArgs) -> Result<(), SimulateError> {
         return Err(SimulateError::PlotFile { path: path.clone() });
     }
     let plan = Plan { swept: Swept::of(&args.sweep)?, seeds: args.seeds };
-    let configs = plan.configs(args.config.as_deref(), &overrides(args))?;
+    let configs = plan.configs(args.config.as_deref(), own_inputs(args), &overrides(args))?;
+    if let [config] = configs.as_slice()
+        && config.replay.is_some()
+    {
+        return replayed(args, config);
+    }
     let threads = runner::threads_for(configs.len());
     let bar = runner::progress_bar(configs.len());
     let started = Instant::now();
@@ -193,6 +211,49 @@ fn simulate_command(args: &SimulateArgs) -> Result<(), SimulateError> {
         output::chart(path, plan.swept, &points)?;
     }
     eprintln!("{}", output::wall_clock_line(plan.swept, &points, &wall));
+    Ok(())
+}
+
+/// The operator's own inputs the flags name.
+fn own_inputs(args: &SimulateArgs) -> OwnInputs<'_> {
+    OwnInputs {
+        repairer_config: args.repairer_config.as_deref(),
+        inventory: args.inventory.as_deref(),
+        replay: args.replay.as_deref(),
+    }
+}
+
+/// One replay of a recorded history: the summary (or JSON) with the recorded and replayed
+/// decisions per node, the chart. A sweep or several seeds of a replay report their ETTRs only.
+fn replayed(args: &SimulateArgs, config: &crate::config::SimConfig) -> Result<(), SimulateError> {
+    let bar = runner::progress_bar(1);
+    let started = Instant::now();
+    let result = match &bar {
+        Some(feed) => replay::simulate(config, Some(&|share| feed.advance(0, share))),
+        None => replay::simulate(config, None),
+    };
+    if let Some(feed) = &bar {
+        feed.finish();
+    }
+    let (report, replayed) =
+        result.map_err(|source| SimulateError::Run { point: Vec::new(), source })?;
+    let text = match (&replayed, args.json) {
+        (Some(replay), true) => output::json(&ReplayReport { report: &report, replay })?,
+        (Some(replay), false) => report.summary() + &replay.summary(),
+        (None, true) => output::json(&report)?,
+        (None, false) => report.summary(),
+    };
+    print(&text)?;
+    if let Some(path) = &args.plot {
+        crate::plot::single_chart(path, &report)?;
+    }
+    let wall = started.elapsed().as_secs_f64();
+    eprintln!(
+        "replayed {} days of {} nodes in {wall:.1} s wall: {} events",
+        output::short(report.setting.days),
+        report.setting.nodes,
+        report.sim_events
+    );
     Ok(())
 }
 

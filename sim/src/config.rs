@@ -5,10 +5,12 @@
 //! set fields of the same document by their dotted path ([`SimConfig::with_overrides`]).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use fleetmend_agent::config::ConfigProblems;
 use fleetmend_local::faults::Fault;
+use fleetmend_repairer::config::RepairerConfig;
 use fleetmend_repairer::engine::EngineConfig;
 use fleetmend_repairer::policy::Policy;
 use fleetmend_repairer::queue::QueueConfig;
@@ -16,6 +18,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::catalog::{CatalogError, FaultCatalog};
 use crate::failures::{CorrelatedFailures, FailureConfig, InterFailure, Lemons};
+use crate::replay::Replay;
 
 const DAY: Duration = Duration::from_secs(86_400);
 
@@ -32,6 +35,10 @@ pub struct SimConfig {
     /// A fault catalog file instead of the built-in Llama 3 table.
     pub catalog: Option<PathBuf>,
     pub repairer: RepairerSettings,
+    /// A recorded failure history struck instead of the random failures (`--replay`; not a
+    /// setting of the document: [`crate::inputs`] sets it).
+    #[serde(skip)]
+    pub replay: Option<Arc<Replay>>,
 }
 
 /// The simulated fleet.
@@ -202,6 +209,23 @@ impl Default for RepairerSettings {
     }
 }
 
+impl RepairerSettings {
+    /// A repairer config's `[policy]`, `[engine]` and `[queue]` (`--repairer-config`), keeping the
+    /// simulator's own choices where they stand for its world rather than for the repairer: a
+    /// replacement may take as long as the catalog's (the file's `replace_timeout` or the
+    /// simulator's 3 days, whichever is longer), and the simulated job's 30-minute progress posts
+    /// are no hang (`hang_floor` 0). `--set repairer....` still sets either.
+    pub fn from_repairer(config: &RepairerConfig) -> RepairerSettings {
+        let own = RepairerSettings::default();
+        let mut engine = config.engine.clone();
+        let timeouts = &mut engine.workflow;
+        timeouts.replace_timeout =
+            timeouts.replace_timeout.max(own.engine.workflow.replace_timeout);
+        let queue = QueueConfig { hang_floor: own.queue.hang_floor, ..config.queue.clone() };
+        RepairerSettings { policy: config.policy.clone(), engine, queue }
+    }
+}
+
 /// The settings could not be read or are not valid.
 #[derive(Debug, thiserror::Error)]
 pub enum SimConfigError {
@@ -227,6 +251,12 @@ impl SimConfig {
         path: Option<&Path>,
         overrides: &[(String, String)],
     ) -> Result<SimConfig, SimConfigError> {
+        let (document, origin) = SimConfig::read_document(path)?;
+        SimConfig::from_table(document, overrides, &origin)
+    }
+
+    /// The settings file as a TOML table (none: an empty one), and its name for errors.
+    pub fn read_document(path: Option<&Path>) -> Result<(toml::Table, String), SimConfigError> {
         let (text, origin) = match path {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
@@ -239,7 +269,7 @@ impl SimConfig {
             origin: origin.clone(),
             message: err.to_string(),
         })?;
-        SimConfig::from_table(document, overrides, &origin)
+        Ok((document, origin))
     }
 
     /// The settings of `document` with `overrides` set.
@@ -248,7 +278,18 @@ impl SimConfig {
         overrides: &[(String, String)],
         origin: &str,
     ) -> Result<SimConfig, SimConfigError> {
-        let mut document = with_repairer_defaults(document)
+        SimConfig::from_table_over(document, overrides, origin, &RepairerSettings::default())
+    }
+
+    /// The settings of `document` with `overrides` set, its `[repairer.*]` tables laid over
+    /// `repairer` (the simulator's defaults, or a repairer config's settings) key by key.
+    pub fn from_table_over(
+        document: toml::Table,
+        overrides: &[(String, String)],
+        origin: &str,
+        repairer: &RepairerSettings,
+    ) -> Result<SimConfig, SimConfigError> {
+        let mut document = with_repairer_base(document, repairer)
             .map_err(|message| SimConfigError::Parse { origin: origin.to_owned(), message })?;
         for (key, value) in overrides {
             set_path(&mut document, key, value)
@@ -404,11 +445,14 @@ impl SimConfig {
     }
 }
 
-/// `document` laid over the simulator's repairer defaults: a key it gives replaces the default's,
-/// a table it gives is laid over the default's table.
-fn with_repairer_defaults(document: toml::Table) -> Result<toml::Table, String> {
-    let defaults = toml::Table::try_from(RepairerSettings::default())
-        .map_err(|err| format!("the repairer's default settings: {err}"))?;
+/// `document` laid over `repairer`'s settings: a key it gives replaces the base's, a table it
+/// gives is laid over the base's table.
+fn with_repairer_base(
+    document: toml::Table,
+    repairer: &RepairerSettings,
+) -> Result<toml::Table, String> {
+    let defaults =
+        toml::Table::try_from(repairer).map_err(|err| format!("the repairer's settings: {err}"))?;
     let mut base = toml::Table::new();
     base.insert("repairer".to_owned(), toml::Value::Table(defaults));
     lay_over(&mut base, document);

@@ -23,8 +23,9 @@ use fleetmend_repairer::ports::{EventLog, FleetView, ReportObserver};
 use fleetmend_repairer::queue::{CheckpointEvery, JobQueue, JobSpec, MAX_RESTARTS, QueuePorts};
 use fleetmend_repairer::store::Store;
 
+use crate::catalog::FaultCatalog;
 use crate::config::{Interval, SimConfig};
-use crate::failures::FailureStream;
+use crate::failures::{FailureEvent, FailureStream};
 use crate::job::SimJob;
 use crate::model::EttrModel;
 use crate::ports::{Presence, SimProvider};
@@ -75,12 +76,8 @@ async fn run(
     config: SimConfig,
     progress: Option<&(dyn Fn(f64) + Sync)>,
 ) -> Result<(SimReport, Vec<Event>), SimError> {
-    let catalog = config.catalog()?;
-    let failure_config = config.failure_config(&catalog);
     let horizon = config.fleet.duration;
-    let mut stream = FailureStream::new(&failure_config, &catalog, config.fleet.seed, horizon)
-        .map_err(|err| SimError::Failures(err.to_string()))?;
-    let lemons = stream.lemons();
+    let (catalog, mut stream, lemons) = fault_source(&config)?;
     let clock = VirtualClock::new(START_MS);
     let shared: SharedClock = clock.clone();
     let mut world = build(&config, catalog, shared.clone())?;
@@ -139,6 +136,25 @@ async fn run(
     let events = audit_log(&world);
     Ok((report(&config, &mut world, &lemons, end, &events), events))
 }
+
+/// Where the faults come from, with the catalog they are drawn from and the lemon nodes: a
+/// replayed history (`--replay`, [`crate::replay`]), else the catalog's random failure stream.
+fn fault_source(config: &SimConfig) -> Result<(FaultCatalog, Faults, Vec<u32>), SimError> {
+    if let Some(replay) = &config.replay {
+        let failures = Box::new(replay.failures.clone().into_iter());
+        return Ok((replay.catalog.clone(), failures, Vec::new()));
+    }
+    let catalog = config.catalog()?;
+    let failure_config = config.failure_config(&catalog);
+    let stream =
+        FailureStream::new(&failure_config, &catalog, config.fleet.seed, config.fleet.duration)
+            .map_err(|err| SimError::Failures(err.to_string()))?;
+    let lemons = stream.lemons();
+    Ok((catalog, Box::new(stream), lemons))
+}
+
+/// The failures of a run, in time order.
+type Faults = Box<dyn Iterator<Item = FailureEvent>>;
 
 /// Every event in the repairer's store, oldest first.
 fn audit_log(world: &World) -> Vec<Event> {

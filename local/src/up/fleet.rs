@@ -18,6 +18,7 @@ use fleetmend_repairer::config::{RepairerConfig, SchedulerKind};
 use fleetmend_repairer::engine::Engine;
 use fleetmend_repairer::model::{Event, NodeState};
 // Re-exported: FleetConfig::mode names it.
+use fleetmend_repairer::policy::FleetShare;
 pub use fleetmend_repairer::policy::Mode;
 use fleetmend_repairer::queue::{JobQueue, JobSpec, JobState, JobView};
 use fleetmend_repairer::scheduler::slurm::spares as slurm_spares;
@@ -694,7 +695,9 @@ impl Fleet {
         Ok(file.agents.into_iter().map(|a| (a.name, a.role)).collect())
     }
 
-    pub(super) fn repairer_config(
+    /// The repairer config of `config`'s fleet (a replay of its failure history runs with its
+    /// policy, engine and queue: tests/tests/replay.rs).
+    pub fn repairer_config(
         config: &FleetConfig,
         state_dir: &Path,
         admin_token_file: &Path,
@@ -741,6 +744,9 @@ impl Fleet {
         // A handful of nodes: a third of them may be out at once (the 10 % of a large fleet
         // would hold a second fault's drain behind the first one's replacement here).
         repairer.policy.guard_rails.max_unavailable_fraction = 0.34;
+        // Two repairs at once, as two faults may overlap here: a share of a handful of nodes
+        // (the default's 2 %) rounds to one.
+        repairer.policy.guard_rails.max_concurrent_repairs = FleetShare::Nodes(2);
         let queue = &mut repairer.queue;
         queue.tick = Duration::from_millis(100);
         queue.start_timeout = Duration::from_secs(60);

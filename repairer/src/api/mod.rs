@@ -38,6 +38,7 @@ mod alerts;
 mod auth;
 mod body;
 use alerts::*;
+mod history;
 mod jobs;
 use jobs::*;
 mod leader;
@@ -208,6 +209,7 @@ pub(crate) fn routes() -> OpenApiRouter<Arc<ApiState>> {
         .routes(routes!(repair))
         .routes(routes!(approve))
         .routes(routes!(events))
+        .routes(routes!(history::history_faults))
         .routes(routes!(breaker))
         .routes(routes!(close_breaker))
         .routes(routes!(subscriptions))

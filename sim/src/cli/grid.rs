@@ -10,6 +10,7 @@ use serde::Serialize;
 use super::runner::{self, ProgressFeed};
 use super::{SimulateError, Sweep};
 use crate::config::SimConfig;
+use crate::inputs::{self, OwnInputs};
 use crate::plot;
 use crate::replications::Replications;
 use crate::report::SimReport;
@@ -133,6 +134,7 @@ impl Plan<'_> {
     pub(super) fn configs(
         &self,
         file: Option<&Path>,
+        own: OwnInputs<'_>,
         base: &[(String, String)],
     ) -> Result<Vec<SimConfig>, SimulateError> {
         let sweeps = self.swept.sweeps();
@@ -141,7 +143,8 @@ impl Plan<'_> {
             let point = named(&sweeps, &combination);
             let mut overrides = base.to_vec();
             overrides.extend(point.iter().cloned());
-            let config = SimConfig::load(file, &overrides).map_err(|source| {
+            let config = inputs::load(file, own, &overrides).map_err(|source| {
+                let source = Box::new(source);
                 if point.is_empty() {
                     SimulateError::Settings(source)
                 } else {
@@ -286,7 +289,7 @@ mod tests {
         );
         let mut base = small();
         base.push(("fleet.seed".to_owned(), "41".to_owned()));
-        let configs = plan.configs(None, &base).unwrap();
+        let configs = plan.configs(None, OwnInputs::default(), &base).unwrap();
         let minutes = |m: u64| Interval::Every(std::time::Duration::from_secs(m * 60));
         let runs: Vec<(u32, Interval, u64)> = configs
             .iter()
@@ -311,7 +314,7 @@ mod tests {
     fn one_seed_runs_the_setting_as_it_is() {
         let plan = Plan { swept: Swept::Nothing, seeds: seeds(1) };
         assert_eq!(plan.swept.combinations(), [Vec::<&str>::new()]);
-        let configs = plan.configs(None, &small()).unwrap();
+        let configs = plan.configs(None, OwnInputs::default(), &small()).unwrap();
         assert_eq!(configs, [SimConfig::load(None, &small()).unwrap()]);
     }
 
@@ -320,11 +323,15 @@ mod tests {
         let mut base = small();
         base.push(("fleet.seed".to_owned(), (i64::MAX - 1).to_string()));
         let plan = Plan { swept: Swept::Nothing, seeds: seeds(2) };
-        let last: Vec<u64> =
-            plan.configs(None, &base).unwrap().iter().map(|c| c.fleet.seed).collect();
+        let last: Vec<u64> = plan
+            .configs(None, OwnInputs::default(), &base)
+            .unwrap()
+            .iter()
+            .map(|c| c.fleet.seed)
+            .collect();
         assert_eq!(last, [LAST_SEED - 1, LAST_SEED]);
         let plan = Plan { swept: Swept::Nothing, seeds: seeds(3) };
-        let err = plan.configs(None, &base).unwrap_err();
+        let err = plan.configs(None, OwnInputs::default(), &base).unwrap_err();
         assert_eq!(err.exit_code(), 2);
         assert_eq!(
             err.to_string(),
@@ -339,7 +346,7 @@ mod tests {
     fn a_bad_combination_is_named_by_every_swept_value() {
         let sweeps = [sweep("fleet.nodes", &["4"]), sweep("fleet.spares", &["1", "9"])];
         let plan = Plan { swept: Swept::of(&sweeps).unwrap(), seeds: seeds(1) };
-        let err = plan.configs(None, &[]).unwrap_err();
+        let err = plan.configs(None, OwnInputs::default(), &[]).unwrap_err();
         assert_eq!(err.exit_code(), 2);
         let message = err.to_string();
         assert!(
@@ -351,7 +358,7 @@ mod tests {
     #[test]
     fn seeds_run_in_parallel_report_what_one_at_a_time_does() {
         let plan = Plan { swept: Swept::Nothing, seeds: seeds(3) };
-        let configs = plan.configs(None, &small()).unwrap();
+        let configs = plan.configs(None, OwnInputs::default(), &small()).unwrap();
         let (points, all_events) = plan.run(&configs, 3, None).unwrap();
         let one_by_one: Vec<SimReport> = (1..=3)
             .map(|seed| {
@@ -375,7 +382,7 @@ mod tests {
         let sweeps =
             [sweep("fleet.seed", &["1", "2"]), sweep("job.checkpoint_every", &["10m", "1h"])];
         let plan = Plan { swept: Swept::of(&sweeps).unwrap(), seeds: seeds(1) };
-        let configs = plan.configs(None, &small()).unwrap();
+        let configs = plan.configs(None, OwnInputs::default(), &small()).unwrap();
         let (points, _) = plan.run(&configs, 4, None).unwrap();
         let values: Vec<Vec<&str>> =
             points.iter().map(|p| p.values.iter().map(String::as_str).collect()).collect();

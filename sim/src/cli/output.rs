@@ -137,7 +137,7 @@ pub(super) fn wall_clock_line(swept: Swept<'_>, points: &[GridPoint], wall: &Wal
     }
 }
 
-fn json(value: &impl Serialize) -> Result<String, SimulateError> {
+pub(super) fn json(value: &impl Serialize) -> Result<String, SimulateError> {
     serde_json::to_string_pretty(value).map(|text| text + "\n").map_err(SimulateError::Json)
 }
 
@@ -367,7 +367,7 @@ fn aligned(header: &[String], rows: &[Vec<String>]) -> String {
 }
 
 /// `x` with at most two decimals and no trailing zeros: 54, 0.5, 0.33.
-fn short(x: f64) -> String {
+pub(super) fn short(x: f64) -> String {
     let text = format!("{x:.2}");
     text.trim_end_matches('0').trim_end_matches('.').to_owned()
 }

@@ -106,7 +106,7 @@ pub(super) struct ProgressFeed {
 }
 
 impl ProgressFeed {
-    fn advance(&self, run: usize, share: f64) {
+    pub(super) fn advance(&self, run: usize, share: f64) {
         let Some(steps) = self.steps.get(run) else { return };
         let now = (share.clamp(0.0, 1.0) * STEPS_PER_RUN as f64) as u64;
         let before = steps.fetch_max(now, Ordering::Relaxed);

@@ -19,6 +19,7 @@ fn every_routed_handler_is_an_operation_and_every_operation_is_routed() {
     let handlers = [
         source,
         include_str!("../alerts.rs"),
+        include_str!("../history.rs"),
         include_str!("../jobs.rs"),
         include_str!("../leader.rs"),
         include_str!("../metrics.rs"),
