@@ -463,6 +463,10 @@ impl crate::ports::FleetView for Nodes {
         self.lock().inner.counts.not_healthy.clone()
     }
 
+    fn members(&self) -> u32 {
+        self.lock().inner.counts.members
+    }
+
     fn subscribe(&self) -> Arc<Notify> {
         Nodes::subscribe(self)
     }

@@ -77,6 +77,9 @@ pub trait FleetView: Send + Sync {
     fn healthy(&self) -> u64;
     /// The nodes that are not healthy, and their states (read without a pass over the fleet).
     fn not_healthy(&self) -> std::collections::BTreeMap<String, NodeState>;
+    /// The nodes in the fleet (not retired, not outside the inventory): what a share of the fleet
+    /// is taken of.
+    fn members(&self) -> u32;
     /// Raised (`notify_one`) whenever a node joins or changes.
     fn subscribe(&self) -> std::sync::Arc<tokio::sync::Notify>;
 }

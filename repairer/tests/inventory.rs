@@ -36,6 +36,8 @@ async fn start(inventory: Option<UnknownNodes>) -> Harness {
     Harness::start(|c| {
         c.agent_token = Some(AGENT_TOKEN.to_owned());
         c.policy.guard_rails.max_unavailable_fraction = 0.10;
+        // Three real nodes failing together here are the guard rails' to hold, not a storm.
+        c.policy.guard_rails.breaker_fraction = 0.20;
         c.inventory = inventory.map(|unknown_nodes| InventoryConfig {
             nodes: vec!["n[01-20]".to_owned()],
             unknown_nodes,

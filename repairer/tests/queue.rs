@@ -639,7 +639,11 @@ async fn submissions_are_validated_and_cancel_stops_a_running_job() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admin_drain_is_kept_apart_from_fleetmends_own() {
-    let c = Cluster::start(|_| {}).await;
+    // No hot spares kept: a repaired node goes back to work, not to the pool.
+    let c = Cluster::start(|config| {
+        config.queue.spare_pool = fleetmend_repairer::policy::FleetShare::Nodes(0);
+    })
+    .await;
     let queue = c.repairer.queue.clone().unwrap();
     queue.admin_drain("n7", "maintenance window").unwrap();
     // A fleetmend drain of the same node does not take it over.
@@ -666,7 +670,7 @@ async fn an_admin_drain_is_kept_apart_from_fleetmends_own() {
 async fn a_job_short_of_free_nodes_takes_a_hot_spare_and_a_long_wait_names_the_nodes_out() {
     let c = Cluster::start(|config| {
         config.queue.wait_alert = Duration::from_millis(400);
-        config.queue.spare_pool = 1;
+        config.queue.spare_pool = fleetmend_repairer::policy::FleetShare::Nodes(1);
     })
     .await;
     let queue = c.repairer.queue.clone().unwrap();

@@ -441,7 +441,11 @@ async fn a_fault_back_soon_after_a_good_reboot_is_replaced_after_the_cooldown() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storm_opens_the_breaker_and_nothing_is_rebooted_until_a_person_closes_it() {
     // Reboots wait 2 s after the fault, so the storm is seen before anything is rebooted.
-    let h = Harness::start(|c| c.policy.guard_rails.settle = Duration::from_secs(2)).await;
+    let h = Harness::start(|c| {
+        c.policy.guard_rails.settle = Duration::from_secs(2);
+        c.policy.guard_rails.breaker_fraction = 0.20;
+    })
+    .await;
     let fleet = names("n", 20);
     let agents = h.fleet(&fleet).await;
     let sick = &agents[..6];

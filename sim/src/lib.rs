@@ -19,6 +19,8 @@
 //! - [`config`], [`report`], [`cli`] and [`plot`]: the settings (one TOML document, every field
 //!   overridable by its dotted path), the results (text and deterministic JSON), the
 //!   `fleetmend simulate` command with its sweep (one key, or two as a grid), and the SVG chart.
+//! - [`spares`]: the nodes out of service over the run and the hot spares that would have
+//!   covered them (the report's recommended spare pool).
 //! - [`replications`] and [`stats`]: one setting run under several seeds (`--seeds N`), its mean
 //!   ETTR with a Student's t confidence interval and the means of the other headline figures.
 //! - [`inputs`] and [`replay`]: an operator's own inputs: a real repairer config's policy,
@@ -45,5 +47,6 @@ pub mod replay;
 pub mod replications;
 pub mod report;
 pub mod run;
+pub mod spares;
 pub mod stats;
 pub mod world;

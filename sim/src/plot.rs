@@ -433,6 +433,7 @@ pub(crate) mod tests {
                 ..FailureFigures::default()
             },
             repairs: RepairFigures::default(),
+            spares: crate::spares::SpareFigures::default(),
             mtbi_hours: Some(16.0),
             sim_events: 12_345,
         }

@@ -18,6 +18,8 @@ pub struct SimReport {
     pub model_ettr: f64,
     pub failures: FailureFigures,
     pub repairs: RepairFigures,
+    /// Nodes out of service at once, and the hot spares that would have covered them.
+    pub spares: crate::spares::SpareFigures,
     /// Mean time between interruptions of the job(s), hours.
     pub mtbi_hours: Option<f64>,
     /// Discrete events the simulation processed (reports, commands, faults, clock jumps).
@@ -212,6 +214,12 @@ impl SimReport {
             let parts: Vec<String> = outcomes.iter().map(|(o, n)| format!("{o} {n}")).collect();
             let _ = writeln!(out, "  {action}: {}", parts.join(", "));
         }
+        let sp = &self.spares;
+        let _ = writeln!(
+            out,
+            "spares: {} recommended ({} held); nodes out of service at once: mean {:.2}, 99 % of the time at most {}, at most {}",
+            sp.recommended, self.setting.spares, sp.out_mean, sp.out_p99, sp.out_max
+        );
         out
     }
 }

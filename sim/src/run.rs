@@ -30,6 +30,7 @@ use crate::job::SimJob;
 use crate::model::EttrModel;
 use crate::ports::{Presence, SimProvider};
 use crate::report::{FailureFigures, RepairFigures, Setting, SimReport};
+use crate::spares::{OutOfService, SpareFigures};
 use crate::world::{Happening, Parts, World};
 
 /// Where the virtual clock starts: 2026-01-01T00:00:00Z (any fixed time would do; a fixed one
@@ -96,6 +97,7 @@ async fn run(
     submit_jobs(&mut world)?;
     let mut next_failure = stream.next();
     let mut last_told = 0.0;
+    let mut out_of_service = OutOfService::default();
     loop {
         while let Some(failure) =
             next_failure.take_if(|f| START_MS + f.at.as_millis() as u64 <= clock.now_ms())
@@ -111,6 +113,7 @@ async fn run(
         // repairer's loops wait for what is due, and a loop woken by new input has not yet said
         // when that is.
         settle(&mut world).await;
+        out_of_service.observe(clock.now_ms(), world.out_of_service());
         let failure_at = next_failure.as_ref().map(|f| START_MS + f.at.as_millis() as u64);
         let next = [clock.next_deadline(), world.next_at(), failure_at].into_iter().flatten().min();
         let Some(next) = next.filter(|at| *at < end) else { break };
@@ -134,7 +137,9 @@ async fn run(
         tell(1.0);
     }
     let events = audit_log(&world);
-    Ok((report(&config, &mut world, &lemons, end, &events), events))
+    let mut report = report(&config, &mut world, &lemons, end, &events);
+    report.spares = out_of_service.figures(end);
+    Ok((report, events))
 }
 
 /// Where the faults come from, with the catalog they are drawn from and the lemon nodes: a
@@ -358,6 +363,7 @@ fn report(
         repairs,
         mtbi_hours: (interruptions > 0).then(|| wall_s / 3600.0 / f64::from(interruptions)),
         sim_events: tally.events,
+        spares: SpareFigures::default(),
     }
 }
 

@@ -18,6 +18,7 @@ use fleetmend_proto::{
 use fleetmend_repairer::clock::Clock;
 use fleetmend_repairer::commands::CommandQueue;
 use fleetmend_repairer::engine::Engine;
+use fleetmend_repairer::model::NodeState;
 use fleetmend_repairer::queue::JobQueue;
 
 use crate::catalog::{AgentCheck, FaultCatalog};
@@ -182,6 +183,17 @@ impl World {
             return None;
         }
         self.heap.pop().map(|Reverse((_, _, what))| what)
+    }
+
+    /// How many of the fleet's nodes are out of service now: not healthy (nor merely suspect)
+    /// in the repairer's eyes, or retired and not yet replaced.
+    pub fn out_of_service(&self) -> u32 {
+        let counts = self.engine.state_counts();
+        let serving: u64 = [NodeState::Healthy, NodeState::Suspect]
+            .iter()
+            .map(|state| counts.get(state).copied().unwrap_or(0))
+            .sum();
+        self.config.fleet.nodes.saturating_sub(u32::try_from(serving).unwrap_or(u32::MAX))
     }
 
     /// Whether a guard rail holds nodes back now (for the accounting of waiting time).

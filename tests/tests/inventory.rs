@@ -197,6 +197,7 @@ fn start(dir: &Path, unknown_nodes: &str) -> (SocketAddr, fleetmend_tests::Runni
             "agent_token = \"{AGENT}\"\nadmin_token = \"{ADMIN}\"\nscheduler = \"memory\"\n\
              [engine]\nreport_interval = \"1h\"\ntick = \"100ms\"\n\
              [policy.guard_rails]\nmax_unavailable_fraction = 0.10\nsettle = \"0s\"\n\
+             breaker_fraction = 0.20\n\
              [inventory]\nnodes = [\"n[01-20]\"]\nunknown_nodes = \"{unknown_nodes}\"\n"
         ),
     )

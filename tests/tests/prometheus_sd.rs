@@ -198,7 +198,11 @@ fn prometheus_scrapes_a_fleetmend_up_fleet_and_its_job_through_service_discovery
     let up = Up::start(
         dir.path(),
         &state,
-        &["--nodes", "2", "--spares", "1", "--steps", "1000000", "--listen", &listen],
+        &[
+            "--nodes", "2", "--spares", "1", "--steps", "1000000", "--listen", &listen,
+            // Paced: the job waits, it does not take the cores the tests beside it share.
+            "--model", "small", "--pace", "100ms",
+        ],
     );
     let token = state.join("admin.token");
     let started = poll_until(SCRAPED_DEADLINE, || up.stdout().contains("agent node-3"));

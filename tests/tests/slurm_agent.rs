@@ -393,12 +393,13 @@ async fn the_resumable_job_checkpoints_on_usr1_at_its_batch_script_and_resumes_a
     }
     let cluster = DevCluster::start();
     let checkpoints = cluster.path().join("checkpoints");
-    // Long enough never to finish here; checkpoints only when asked (0).
+    // Long enough never to finish here; checkpoints only when asked (0); paced, so that it
+    // leaves the cores to the tests beside it while it waits for the signals.
     let (job, out) = cluster.submit_resumable(
         &checkpoints,
         10_000_000,
         0,
-        &format!("{TINY_MODEL} --progress-interval 1s"),
+        &format!("{TINY_MODEL} --progress-interval 1s --pace 50ms"),
     );
     let output = || std::fs::read_to_string(&out).unwrap_or_default();
     assert!(

@@ -436,7 +436,10 @@ fn a_training_job_on_a_faulty_node_is_checkpointed_requeued_and_resumed_bit_exac
     }
     const STEPS: u64 = 150;
     const EVERY: u64 = 10;
-    // The uninterrupted run's weights, for the same trainer flags.
+    // `fleetmend up`'s small model at a GPU's pace: the job waits on Slurm and the repair, not
+    // on the CPU the tests beside it share.
+    let model = fleetmend_local::up::TrainModel::Small.args();
+    // The uninterrupted run's weights, for the same trainer flags (the pace changes no number).
     let reference = tempfile::tempdir().unwrap();
     let argv = [fleetmend_bin().display().to_string(), "train".to_owned()]
         .into_iter()
@@ -444,12 +447,14 @@ fn a_training_job_on_a_faulty_node_is_checkpointed_requeued_and_resumed_bit_exac
             ["--steps", &STEPS.to_string(), "--checkpoint-every", &EVERY.to_string()]
                 .map(str::to_owned),
         )
+        .chain(model.iter().map(|a| (*a).to_owned()))
         .collect();
     let straight = uninterrupted_hash(reference.path(), argv, 2, PHASE);
 
     let world = World::start(|_| {});
     let checkpoints = world.cluster.path().join("checkpoints");
-    let (job, out) = world.cluster.submit_resumable(&checkpoints, STEPS, EVERY, "");
+    let train_args = format!("{} --pace 100ms", model.join(" "));
+    let (job, out) = world.cluster.submit_resumable(&checkpoints, STEPS, EVERY, &train_args);
     let output = || std::fs::read_to_string(&out).unwrap_or_default();
     // Training, with a checkpoint or two behind it.
     assert!(

@@ -113,8 +113,8 @@ fn sigint_in_the_middle_of_a_run_stops_everything_it_started() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
     // More steps than the test waits for: the job is running when SIGINT comes.
-    let mut up =
-        Up::start(dir.path(), &state, &["--nodes", "2", "--spares", "1", "--steps", "100000"]);
+    let flags = ["--nodes", "2", "--spares", "1", "--steps", "100000", "--model", "small"];
+    let mut up = Up::start(dir.path(), &state, &[&flags[..], &["--pace", "100ms"]].concat());
     let running = poll_until(RUN_LIMIT, || {
         up.stdout().lines().any(|l| l.contains("job j-1 running") && l.contains(", step "))
     });

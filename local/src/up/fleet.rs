@@ -753,7 +753,7 @@ impl Fleet {
         queue.checkpoint_grace = Duration::from_secs(15);
         queue.stop_grace = config.rank_stop_grace + Duration::from_secs(5);
         // A repaired node rejoins the hot spares while fewer than `--spares` are held.
-        queue.spare_pool = config.spares;
+        queue.spare_pool = FleetShare::Nodes(config.spares);
         queue.wait_alert = Duration::from_secs(20);
         let (min, max) = rendezvous_ports(Path::new("/proc"));
         queue.master_port_min = min;

@@ -41,7 +41,7 @@ impl Default for GuardRails {
         GuardRails {
             max_concurrent_repairs: FleetShare::Percent(2.0),
             max_unavailable_fraction: 0.10,
-            breaker_fraction: 0.20,
+            breaker_fraction: 0.005,
             breaker_window: Duration::from_secs(600),
             breaker_min_nodes: 3,
             cooldown: Duration::from_secs(600),

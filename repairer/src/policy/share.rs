@@ -16,11 +16,12 @@ pub enum FleetShare {
 }
 
 impl FleetShare {
-    /// How many nodes it comes to in a fleet of `fleet` nodes: a share rounds up and is at least
-    /// one node, so a small fleet can still repair.
+    /// How many nodes it comes to in a fleet of `fleet` nodes: a share above 0 % rounds up and is
+    /// at least one node, so a small fleet still gets one.
     pub fn of(self, fleet: u32) -> u32 {
         match self {
             FleetShare::Nodes(n) => n,
+            FleetShare::Percent(percent) if percent <= 0.0 => 0,
             FleetShare::Percent(percent) => {
                 let nodes = (f64::from(fleet) * percent / 100.0).ceil();
                 (nodes.min(f64::from(u32::MAX)) as u32).max(1)
@@ -28,7 +29,8 @@ impl FleetShare {
         }
     }
 
-    /// What is wrong with it, if anything: no count of zero, no share outside (0, 100] %.
+    /// What is wrong with it as a limit of at least one node, if anything: no count of zero, no
+    /// share outside (0, 100] %.
     pub fn problem(self) -> Option<String> {
         match self {
             FleetShare::Nodes(0) => {
@@ -36,6 +38,17 @@ impl FleetShare {
             }
             FleetShare::Percent(p) if !(p > 0.0 && p <= 100.0) => {
                 Some(format!("{p}% must be a share above 0% and at most 100%"))
+            }
+            _ => None,
+        }
+    }
+
+    /// What is wrong with it as a number of nodes that may be none, if anything: no share outside
+    /// [0, 100] %.
+    pub fn problem_if_any(self) -> Option<String> {
+        match self {
+            FleetShare::Percent(p) if !(0.0..=100.0).contains(&p) => {
+                Some(format!("{p}% must be a share from 0% to 100%"))
             }
             _ => None,
         }
@@ -157,5 +170,8 @@ mod tests {
         assert_eq!(FleetShare::Percent(2.0).of(0), 1);
         assert_eq!(FleetShare::Percent(100.0).of(7), 7);
         assert_eq!(FleetShare::Nodes(32).of(5), 32);
+        assert_eq!(FleetShare::Percent(0.0).of(2048), 0);
+        assert_eq!(FleetShare::Nodes(0).problem_if_any(), None);
+        assert!(FleetShare::Percent(-1.0).problem_if_any().is_some());
     }
 }

@@ -386,8 +386,23 @@ fn dry_run_records_and_approve_waits_for_a_person() {
 }
 
 #[test]
-fn the_breaker_needs_a_fraction_and_a_minimum() {
+fn the_default_breaker_trips_at_a_leaf_switch_and_not_at_a_large_fleets_failure_rate() {
     let guard = GuardRails::default();
+    // 2,048 nodes: 11 within the window (more than 0.5 %), the 16 behind the smallest leaf
+    // switch, a 10 % rollout; not 10, more than the Llama 3 run's ~8 failures a day saw in a day.
+    assert!(breaker_trips(11, 2048, &guard));
+    assert!(breaker_trips(16, 2048, &guard));
+    assert!(breaker_trips(205, 2048, &guard));
+    assert!(!breaker_trips(10, 2048, &guard));
+    // A small fleet: three at once is a storm, two is bad luck.
+    assert!(breaker_trips(3, 20, &guard));
+    assert!(!breaker_trips(2, 20, &guard));
+    assert!(!breaker_trips(2, 5, &guard));
+}
+
+#[test]
+fn the_breaker_needs_a_fraction_and_a_minimum() {
+    let guard = GuardRails { breaker_fraction: 0.20, ..GuardRails::default() };
     assert!(breaker_trips(6, 20, &guard), "6 of 20 within the window");
     assert!(!breaker_trips(4, 20, &guard), "20 % is not more than 20 %");
     assert!(breaker_trips(3, 5, &guard));

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::policy::FleetShare;
+
 /// Settings of the embedded job queue.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -35,11 +37,13 @@ pub struct QueueConfig {
     /// jobs of the same size have been observed.
     #[serde(with = "humantime_serde")]
     pub mtbf_prior: Duration,
-    /// Hot spares the queue keeps: a node fleetmend repaired rejoins the spares (drained with
-    /// reason `fleetmend: spare`) while fewer than this many are held, instead of going back to
-    /// work. A job waiting for nodes takes the spares it lacks at once. 0: repaired nodes go back
-    /// to work (spares set aside by hand are still taken).
-    pub spare_pool: u32,
+    /// Hot spares the queue keeps, a count of nodes (`16`) or a share of the fleet (`"1%"`): a
+    /// node fleetmend repaired rejoins the spares (drained with reason `fleetmend: spare`) while
+    /// fewer than this many are held, instead of going back to work. A job waiting for nodes takes
+    /// the spares it lacks at once. 0: repaired nodes go back to work (spares set aside by hand
+    /// are still taken). `fleetmend simulate` recommends a pool for a fleet's failure rate and
+    /// repair times (its report's `spares` line).
+    pub spare_pool: FleetShare,
     /// A job waiting for nodes longer than this raises a `job-waiting` warning with why.
     #[serde(with = "humantime_serde")]
     pub wait_alert: Duration,
@@ -78,7 +82,7 @@ impl Default for QueueConfig {
             master_port_max: 29999,
             progress_base_url: None,
             mtbf_prior: Duration::from_secs(24 * 3600),
-            spare_pool: 0,
+            spare_pool: FleetShare::Percent(1.0),
             wait_alert: Duration::from_secs(60),
             hang_factor: 10.0,
             hang_floor: Duration::from_secs(20),
@@ -109,6 +113,9 @@ impl QueueConfig {
             if value.is_zero() {
                 push(field, "must be greater than zero".to_owned());
             }
+        }
+        if let Some(problem) = self.spare_pool.problem_if_any() {
+            push("spare_pool", problem);
         }
         if !(self.hang_factor.is_finite() && self.hang_factor >= 1.0) {
             push("hang_factor", format!("{} must be a number of at least 1", self.hang_factor));

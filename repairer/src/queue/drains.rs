@@ -97,7 +97,8 @@ impl JobQueue {
                 // A repaired node rejoins the hot spares while there are fewer than the pool
                 // wants; else it goes back to work (as does a spare undrained by a person).
                 let spares = drained.values().filter(|d| is_spare(&d.reason)).count();
-                if !was_spare && spares < self.config.spare_pool as usize {
+                let pool = self.config.spare_pool.of(self.fleet.members()) as usize;
+                if !was_spare && spares < pool {
                     let reason = format!("{SPARE_REASON}: rejoined the pool after its repair");
                     let since_ms = self.clock.now_ms();
                     drained.insert(node.to_owned(), QueueDrain { reason, since_ms });
