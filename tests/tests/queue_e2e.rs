@@ -22,12 +22,17 @@ const AGENT: &str = "agent-secret";
 /// Steps of the big job: long enough to drain a node in the middle of it.
 const STEPS: u64 = 40;
 const SEED: u64 = 11;
-/// Longest any run or phase of this test may take on two loaded cores (debug build).
-const PHASE_LIMIT: Duration = Duration::from_secs(180);
+/// Longest any run or phase of this test may take on two loaded cores (debug build): well inside
+/// the test's own time limit, so that a phase that hangs says where.
+const PHASE_LIMIT: Duration = Duration::from_secs(60);
+/// The queued jobs' pace: the small model computes a step in a few milliseconds, and the drain
+/// must find the big job running (40 steps, ~8 s).
+const PACE: &str = "200ms";
 
-/// The trainer's arguments, the same for the uninterrupted run and the queued one.
-fn train_argv(steps: u64) -> Vec<String> {
-    [
+/// The trainer's arguments, the same for the uninterrupted run and the queued one but for the
+/// pace, which changes no number the job computes.
+fn train_argv(steps: u64, paced: bool) -> Vec<String> {
+    let mut argv: Vec<String> = [
         fleetmend_bin().display().to_string(),
         "train".to_owned(),
         "--steps".to_owned(),
@@ -39,7 +44,15 @@ fn train_argv(steps: u64) -> Vec<String> {
         "--collective-timeout".to_owned(),
         "10s".to_owned(),
     ]
-    .to_vec()
+    .to_vec();
+    argv.extend(
+        ["--model-dim", "32", "--layers", "1", "--batch-size", "4", "--context", "32"]
+            .map(str::to_owned),
+    );
+    if paced {
+        argv.extend(["--pace".to_owned(), PACE.to_owned()]);
+    }
+    argv
 }
 
 /// The `done` line's weights hash in a trainer's output.
@@ -96,7 +109,7 @@ fn submit(
         checkpoints.to_str().unwrap(),
         "--",
     ];
-    let argv = train_argv(steps);
+    let argv = train_argv(steps, true);
     args.extend(argv.iter().map(String::as_str));
     let (code, out, err) = cli(repairer, &args);
     assert_eq!(code, Some(0), "{out}{err}");
@@ -189,7 +202,7 @@ fn nodes_of(job: &Value) -> Vec<String> {
 fn a_drained_node_under_a_running_job_costs_no_work_and_no_bits() {
     let dir = tempfile::tempdir().unwrap();
     let straight =
-        uninterrupted_hash(&dir.path().join("straight"), train_argv(STEPS), 4, PHASE_LIMIT);
+        uninterrupted_hash(&dir.path().join("straight"), train_argv(STEPS, false), 4, PHASE_LIMIT);
 
     let mut fleet = Fleet::start(dir.path());
     let addr = fleet.repairer_addr;
