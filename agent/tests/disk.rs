@@ -34,6 +34,11 @@ fn build(config: &DiskConfig, paths: &HostPaths) -> DiskCheck {
     DiskCheck::new(config, build_context(paths, Mode::Once))
 }
 
+/// The file the probe of this test's checks writes: node `node1`, this process.
+fn probe_name() -> String {
+    format!(".fleetmend-probe.node1.{}", std::process::id())
+}
+
 fn has(obs: &Observation, id: &str, subject: &str) -> bool {
     obs.findings.iter().any(|f| f.finding == id && f.subject == subject)
 }
@@ -108,8 +113,8 @@ fn healthy_mounts_are_ok_with_a_latency_sample() {
         let ratio = sample(&obs, "fleetmend_disk_free_ratio", &[("mount", subject)]).unwrap();
         assert!((0.0..=1.0).contains(&ratio), "{ratio}");
     }
-    assert!(!root.path().join(".fleetmend-probe.node1").exists(), "probe file left behind");
-    assert!(!root.path().join("scratch/.fleetmend-probe.node1").exists(), "probe file left behind");
+    assert!(!root.path().join(probe_name()).exists(), "probe file left behind");
+    assert!(!root.path().join("scratch").join(probe_name()).exists(), "probe file left behind");
     // sda counts errors; loop0 is virtual and nvme0n1, md0 have no counter: skipped.
     find(&obs, findings::IO_ERRORS, "sda");
     assert_eq!(sample(&obs, "fleetmend_disk_io_errors_total", &[("device", "sda")]), Some(0.0));
@@ -135,7 +140,7 @@ fn read_only_remount_fails_with_reboot() {
     assert_finding(find(&obs, findings::READONLY, "/"), Status::Ok, RecommendedAction::None);
     // A read-only mount is not write-probed (it would only fail again with EROFS).
     assert_eq!(find(&obs, findings::PROBE, "/scratch").status, Status::Unknown);
-    assert!(!root.path().join("scratch/.fleetmend-probe.node1").exists());
+    assert!(!root.path().join("scratch").join(probe_name()).exists());
     assert_eq!(find(&obs, findings::PROBE, "/").status, Status::Ok);
 }
 
@@ -145,7 +150,7 @@ fn hung_mount_fails_on_time_without_piling_up_threads_and_recovers() {
     let shared = root.path().join("shared");
     fs::create_dir(&shared).unwrap();
     // open(O_WRONLY) of a FIFO blocks until a reader comes: a probe stuck in the kernel for real.
-    let fifo = shared.join(".fleetmend-probe.node1");
+    let fifo = shared.join(probe_name());
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
     let paths = host_paths(fixture("disk_hung/proc"), fixture("healthy/sys"), root.path());
     let probe_timeout = Duration::from_millis(300);
@@ -234,7 +239,7 @@ fn full_tmpfs_fails_with_drain_and_the_free_ratio() {
     let probe = find(&obs, findings::PROBE, "/scratch");
     assert_finding(probe, Status::Fail, RecommendedAction::Drain);
     assert!(probe.message.contains("ENOSPC"), "{}", probe.message);
-    assert!(!scratch.join(".fleetmend-probe.node1").exists(), "failed probe left its file");
+    assert!(!scratch.join(probe_name()).exists(), "failed probe left its file");
 
     // Space freed: the condition clears.
     fs::remove_file(scratch.join("filler")).unwrap();
@@ -336,7 +341,7 @@ fn rising_io_error_counter_warns_once() {
 #[test]
 fn run_never_waits_past_its_deadline() {
     let root = tempfile::tempdir().unwrap();
-    let fifo = root.path().join(".fleetmend-probe.node1");
+    let fifo = root.path().join(probe_name());
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
     let paths = host_paths(fixture("healthy/proc"), fixture("healthy/sys"), root.path());
     // probe_timeout 5 s, but the runner gives this run 400 ms.

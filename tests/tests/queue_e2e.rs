@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use fleetmend_local::up::fleet::rendezvous_ports;
 use fleetmend_tests::{
     Running, fixture, fixture_flags, fleetmend_bin, free_port, poll_until, run_with_timeout,
     start_agent, uninterrupted_hash,
@@ -126,7 +127,9 @@ struct Fleet {
 
 impl Fleet {
     fn start(dir: &Path) -> Fleet {
-        let port_min = free_port();
+        // Rank 0's ports below the ephemeral range, where the suite's other listeners and
+        // connections take theirs (a port taken there fails the attempt with "address in use").
+        let (port_min, port_max) = rendezvous_ports(Path::new("/proc"));
         // The drain's workflow waits its checkpoint grace before it requeues; by then the queue
         // has stopped the job and restarted it elsewhere, and the restarted attempt must be left
         // running (3 s makes that ordering the usual one, not a rare one).
@@ -137,7 +140,6 @@ impl Fleet {
                  [engine]\ntick = \"100ms\"\n[engine.workflow]\ncheckpoint_grace = \"3s\"\n\
                  [queue]\ntick = \"100ms\"\nstart_timeout = \"60s\"\ncheckpoint_grace = \"20s\"\n\
                  stop_grace = \"20s\"\nmaster_port_min = {port_min}\nmaster_port_max = {port_max}\n",
-                port_max = port_min.saturating_add(50),
             ),
         );
         Fleet { dir: dir.to_owned(), repairer_addr, repairer, agents: Vec::new() }
@@ -170,7 +172,9 @@ impl Fleet {
     }
 
     fn diagnostics(&self) -> String {
-        let mut text = format!("repairer stderr:\n{}\n", self.repairer.stderr());
+        let (_, events, _) = cli(self.repairer_addr, &["events", "--limit", "60"]);
+        let mut text =
+            format!("audit trail:\n{events}\nrepairer stderr:\n{}\n", self.repairer.stderr());
         for agent in &self.agents {
             let stderr = agent.stderr();
             let tail: Vec<&str> = stderr.lines().rev().take(15).collect();

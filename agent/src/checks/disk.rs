@@ -83,8 +83,9 @@ pub struct DiskConfig {
     #[serde(with = "humantime_serde")]
     pub probe_timeout: Duration,
     /// Name of the file the probe writes, reads back and deletes in each mount's top directory;
-    /// the node name is appended (`.fleetmend-probe.gpu-node-017`) so the agents of many nodes can
-    /// probe one shared filesystem without touching each other's file.
+    /// the node name and the agent's process id are appended (`.fleetmend-probe.gpu-node-017.4711`)
+    /// so the agents of many nodes can probe one shared filesystem without touching each other's
+    /// file, nor can two agents started with one node name (a local fleet's, a test's).
     pub probe_file: String,
     /// Block devices (names under `{sysfs}/block`) whose I/O error counters are watched. Empty:
     /// every device except `loop*`, `ram*`, `zram*` and `dm-*` (devices without an `ioerr_cnt`,
@@ -324,7 +325,12 @@ impl DiskCheck {
                 })
                 .collect(),
             probe_timeout: config.probe_timeout,
-            probe_file: format!("{}.{}", config.probe_file, ctx.node.replace('/', "_")),
+            probe_file: format!(
+                "{}.{}.{}",
+                config.probe_file,
+                ctx.node.replace('/', "_"),
+                std::process::id()
+            ),
             devices: config.devices.clone(),
             io_errors: HashMap::new(),
             probe_threads_started: 0,

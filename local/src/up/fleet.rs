@@ -1230,7 +1230,7 @@ mod tests {
 /// Ports rank 0 of the job may listen on: a window of 200 below the kernel's ephemeral range (where
 /// outgoing connections take their local ports, so a listener there can find its port taken) and
 /// away from torchrun's default 29500, at a random offset so fleets on one machine rarely meet.
-fn rendezvous_ports(procfs: &Path) -> (u16, u16) {
+pub fn rendezvous_ports(procfs: &Path) -> (u16, u16) {
     const LOWEST: u16 = 10_000;
     const WIDTH: u16 = 200;
     let ephemeral_min = std::fs::read_to_string(procfs.join("sys/net/ipv4/ip_local_port_range"))
