@@ -202,6 +202,20 @@ impl RepairerMetrics {
         }
     }
 
+    /// Exports, at zero, the series the fleet dashboard's panels read before anything happened:
+    /// the disruptive decisions in the policy's `mode`, the repairs that end `repaired`. A healthy
+    /// fleet's "Decisions" and "Repairs" panels then say 0, not No data, and `increase()` counts
+    /// the first one (a series born at 1 has no increase).
+    pub fn expect_decisions(&self, mode: &str) {
+        let Some(c) = &self.collectors else { return };
+        for action in [RuleAction::Drain, RuleAction::Reboot, RuleAction::Replace] {
+            let _ = c.decisions.get_metric_with_label_values(&[action.as_str(), mode]);
+        }
+        for action in [RuleAction::Reboot, RuleAction::Replace] {
+            let _ = c.repairs.get_metric_with_label_values(&[action.as_str(), "repaired"]);
+        }
+    }
+
     /// A finished repair and its outcome.
     pub fn repair(&self, action: RuleAction, outcome: &str) {
         if let Some(c) = &self.collectors {
@@ -388,6 +402,7 @@ mod tests {
     fn a_fresh_registry_builds_and_exports_every_series_it_was_given() {
         let metrics = RepairerMetrics::new();
         assert!(metrics.collectors.is_some(), "the constant names and buckets are valid");
+        metrics.expect_decisions("enforce");
         metrics.decision(RuleAction::Reboot, "enforce");
         metrics.decision(RuleAction::Reboot, "enforce");
         metrics.decision(RuleAction::Replace, "dry-run");
@@ -402,6 +417,9 @@ mod tests {
             (r#"fleetmend_decisions_total{action="reboot",mode="enforce"}"#, 2.0),
             (r#"fleetmend_decisions_total{action="replace",mode="dry-run"}"#, 1.0),
             (r#"fleetmend_repairs_total{action="reboot",outcome="repaired"}"#, 1.0),
+            // The series the dashboards read are there at zero before the first decision.
+            (r#"fleetmend_decisions_total{action="drain",mode="enforce"}"#, 0.0),
+            (r#"fleetmend_repairs_total{action="replace",outcome="repaired"}"#, 0.0),
             (r#"fleetmend_store_errors_total{operation="append_event"}"#, 1.0),
             // Known operations are exported before their first error.
             (r#"fleetmend_store_errors_total{operation="put_node"}"#, 0.0),

@@ -227,7 +227,8 @@ async fn reboot_then_replace(break_n1: impl FnOnce(&support::Agent), why: &str) 
     for (series, value) in [
         (r#"fleetmend_repairs_total{action="reboot",outcome="escalated"}"#, Some(1.0)),
         (r#"fleetmend_repairs_total{action="replace",outcome="repaired"}"#, Some(1.0)),
-        (r#"fleetmend_repairs_total{action="reboot",outcome="repaired"}"#, None),
+        // Exported at zero from the start: the reboot did not repair it.
+        (r#"fleetmend_repairs_total{action="reboot",outcome="repaired"}"#, Some(0.0)),
         (r#"fleetmend_nodes{state="retired"}"#, Some(1.0)),
         (r#"fleetmend_nodes{state="healthy"}"#, Some(5.0)),
     ] {

@@ -3,7 +3,8 @@
 //! they query through the `${datasource}` variable only, and every `fleetmend_...` metric they and
 //! the Prometheus rules use is one a live fleet exports: `fleetmend up` runs a job on simulated
 //! nodes and a fault is repaired, and the test reads the `# TYPE` lines of the repairer's and
-//! every agent's `/metrics`.
+//! every agent's `/metrics`; on a healthy fleet every series a panel reads has a sample within a
+//! minute (a panel that says No data on a healthy fleet looks broken).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
@@ -228,6 +229,17 @@ fn families(exposition: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// The names of the series an exposition has samples of (a family with only `# TYPE` has none).
+fn series_names(exposition: &str) -> BTreeSet<String> {
+    exposition
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .filter(|name| !name.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
 /// Whether `name` is a family of `live`, or the `_bucket`, `_sum` or `_count` series of one.
 fn exported(name: &str, live: &BTreeSet<String>) -> bool {
     live.contains(name)
@@ -262,6 +274,15 @@ fn files_using_metrics() -> Vec<(String, String)> {
             (p.strip_prefix(&root).unwrap().display().to_string(), text)
         })
         .collect()
+}
+
+#[test]
+fn a_family_without_samples_is_no_series() {
+    let text = "# HELP fleetmend_job_straggler_ratio x\n# TYPE fleetmend_job_straggler_ratio gauge\n\
+                # TYPE fleetmend_nodes gauge\nfleetmend_nodes{state=\"healthy\"} 4\n\
+                fleetmend_breaker_open 0\n";
+    let names: Vec<String> = series_names(text).into_iter().collect();
+    assert_eq!(names, ["fleetmend_breaker_open", "fleetmend_nodes"]);
 }
 
 #[test]
@@ -321,6 +342,50 @@ fn banner_addresses(stdout: &str) -> Option<(SocketAddr, Vec<SocketAddr>)> {
         .filter_map(|l| l.rsplit_once(": ").map(|(_, url)| address(url)))
         .collect();
     Some((repairer, agents))
+}
+
+#[test]
+fn every_series_a_dashboard_panel_reads_is_there_on_a_healthy_fleet_within_a_minute() {
+    let used: BTreeSet<String> = dashboard_files()
+        .iter()
+        .flat_map(|p| metric_names(&std::fs::read_to_string(p).unwrap()))
+        // The local fleet does not write-probe its nodes' mounts (they share this machine's disk:
+        // local/src/tree.rs); the agent exports the probe's latency on the healthy fixture
+        // (tests/tests/agent_metrics.rs's golden file).
+        .filter(|n| n != "fleetmend_disk_probe_latency_seconds")
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let up = ["--model", "small", "--pace", "100ms", "--steps", "100000"];
+    let mut up = Up::start(dir.path(), &dir.path().join("state"), &up);
+    let mut addresses = None;
+    let started = poll_until(LIVE_LIMIT, || {
+        assert!(up.running(), "fleetmend up exited\n{}", up.output());
+        addresses = banner_addresses(&up.stdout());
+        addresses.is_some()
+    });
+    assert!(started, "fleetmend up printed no banner within {LIVE_LIMIT:?}\n{}", up.output());
+    let (repairer, agents) = addresses.unwrap();
+
+    // From the banner on, a minute for every panel's series to have a sample: the job's step
+    // within seconds, its slowest rank once each rank posted its warm-up and a window of steps.
+    const HEALTHY_LIMIT: Duration = Duration::from_secs(60);
+    let mut live = BTreeSet::new();
+    let all_there = poll_until(HEALTHY_LIMIT, || {
+        assert!(up.running(), "fleetmend up exited\n{}", up.output());
+        for addr in std::iter::once(&repairer).chain(&agents) {
+            if let Some((200, body)) = http_get(*addr, "/metrics") {
+                live.extend(series_names(&body));
+            }
+        }
+        used.iter().all(|n| exported(n, &live))
+    });
+    let missing: Vec<&String> = used.iter().filter(|n| !exported(n, &live)).collect();
+    assert!(
+        all_there,
+        "series the dashboards read that a healthy fleet had not exported after \
+         {HEALTHY_LIMIT:?}: {missing:?}\n{}",
+        up.output()
+    );
 }
 
 #[test]

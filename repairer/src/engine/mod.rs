@@ -203,6 +203,7 @@ impl Engine {
             cooldown: parts.policy.guard_rails.cooldown,
             instance: started_ms,
         });
+        parts.metrics.expect_decisions(parts.policy.mode.as_str());
         Ok(Arc::new(Engine {
             clock: parts.clock,
             events: parts.events,
