@@ -131,9 +131,14 @@ impl<'de> Deserialize<'de> for CheckpointEvery {
             Number(u64),
             Text(String),
         }
+        // As the OpenAPI document says: a number, or the one word "auto" (not a number's digits
+        // in a string, which the command line's `--checkpoint-every 5` parses instead).
         match Raw::deserialize(deserializer)? {
             Raw::Number(n) => n.to_string().parse(),
-            Raw::Text(text) => text.parse(),
+            Raw::Text(text) if text == "auto" => Ok(CheckpointEvery::Auto),
+            Raw::Text(text) => Err(format!(
+                "{text:?} is neither \"auto\" nor a number of steps (give it as a number)"
+            )),
         }
         .map_err(serde::de::Error::custom)
     }
@@ -648,7 +653,9 @@ mod tests {
         let json = |s: &str| serde_json::from_str::<CheckpointEvery>(s);
         assert_eq!(json("25").unwrap(), CheckpointEvery::Steps(25));
         assert_eq!(json("\"auto\"").unwrap(), CheckpointEvery::Auto);
-        assert_eq!(json("\"7\"").unwrap(), CheckpointEvery::Steps(7));
+        // A number's digits in a string are refused, as the OpenAPI document has it.
+        let digits = json("\"7\"").unwrap_err().to_string();
+        assert!(digits.contains("give it as a number"), "{digits}");
         assert!(json("0").is_err());
         assert!(json("\"often\"").is_err());
         assert_eq!(serde_json::to_string(&CheckpointEvery::Auto).unwrap(), "\"auto\"");
