@@ -9,8 +9,8 @@ use clap::ValueEnum;
 use fleetmend_agent::config::{AgentConfig, ConfigError, ConfigProblems, RepairerUrls};
 use fleetmend_agent::daemon;
 use fleetmend_agent::gpu::parse_backend;
+use fleetmend_agent::slurm_drain::{SelfDrain, SelfDrainLimits, drain_self};
 use fleetmend_proto::{Finding, Verdict};
-use fleetmend_repairer::scheduler::slurm::{SelfDrain, SelfDrainLimits, drain_self};
 
 /// Exit code for "could not run": bad config, cannot listen.
 pub const EXIT_CANNOT_RUN: u8 = 2;
@@ -190,7 +190,7 @@ async fn slurm_drain_self(node: &str, findings: &[Finding]) -> ExitCode {
         SelfDrain::NotANodeName { .. } => {
             eprintln!("fleetmend agent: --slurm-node/SLURMD_NODENAME {outcome}")
         }
-        SelfDrain::Failed { .. } | SelfDrain::TimedOut { .. } => {
+        SelfDrain::UnknownNode { .. } | SelfDrain::Failed { .. } | SelfDrain::TimedOut { .. } => {
             eprintln!("fleetmend agent: {outcome}")
         }
     }

@@ -17,4 +17,5 @@ pub mod ranks;
 pub mod report;
 pub mod runner;
 pub mod server;
+pub mod slurm_drain;
 pub mod xid;

@@ -23,6 +23,11 @@ pub use jobs::{
 /// The version of this wire format; bumped on incompatible changes.
 pub const WIRE_VERSION: u32 = 1;
 
+/// The prefix of every drain reason fleetmend sets in a scheduler, the repairer's and a node's
+/// own (`fleetmend agent --once --slurm-drain`); fleetmend undrains only nodes whose reason
+/// starts with it.
+pub const DRAIN_REASON_PREFIX: &str = "fleetmend: ";
+
 /// How a subject of a check is doing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

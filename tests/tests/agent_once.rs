@@ -126,3 +126,23 @@ fn every_shipped_config_is_valid() {
         );
     }
 }
+
+/// The binary every node runs links no repairer code: a node's own Slurm drain runs Slurm's
+/// commands through the `fleetmend-slurm` crate, as the repairer does, not through the repairer.
+#[test]
+fn the_lean_agent_binary_links_no_repairer_code() {
+    let agent = fleetmend_bin().with_file_name("fleetmend-agent");
+    assert!(agent.exists(), "{} is built with the workspace's binaries", agent.display());
+    let output = run_with_timeout(
+        Command::new("nm").arg("--demangle").arg("--defined-only").arg(&agent),
+        Duration::from_secs(60),
+    );
+    assert!(output.status.success(), "nm: {}", String::from_utf8_lossy(&output.stderr));
+    let symbols = String::from_utf8_lossy(&output.stdout);
+    // The symbols are there to read (a stripped binary would pass for the wrong reason).
+    assert!(symbols.contains("fleetmend_agent::"), "no agent symbols in {}", agent.display());
+    assert!(symbols.contains("fleetmend_slurm::"), "the self-drain's Slurm commands are linked");
+    let repairer: Vec<&str> =
+        symbols.lines().filter(|l| l.contains("fleetmend_repairer::")).take(5).collect();
+    assert!(repairer.is_empty(), "repairer code in {}: {repairer:#?}", agent.display());
+}

@@ -18,9 +18,7 @@ use std::pin::Pin;
 /// A boxed future, so the traits here can be used as `dyn`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The prefix of every drain reason fleetmend sets; fleetmend undrains only nodes whose reason
-/// starts with it.
-pub const DRAIN_REASON_PREFIX: &str = "fleetmend: ";
+pub use fleetmend_proto::DRAIN_REASON_PREFIX;
 
 /// The drain reason of a hot spare: a healthy, validated node held out of work until a job waits
 /// for nodes (then it is put to work at once, instead of the job waiting for a repair).

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use fleetmend_process::RunError;
+use fleetmend_slurm::{CommandError, Commands};
 use serde::Deserialize;
 use tokio::time::Instant;
 
@@ -18,28 +18,11 @@ use crate::scheduler::{
     BoxFuture, DRAIN_REASON_PREFIX, JobRef, Scheduler, SchedulerError, UndrainOutcome,
 };
 
-mod own_drain;
 pub mod spares;
 
-pub use own_drain::{
-    OWN_DRAIN_REASON_MAX_CHARS, OwnDrain, SelfDrain, SelfDrainLimits, drain_self, own_drain_reason,
-};
+pub use fleetmend_slurm::{SlurmNode, is_plain_name, parse_show_node};
 
 const NAME: &str = "slurm";
-
-/// Longest stderr kept in an error, in bytes.
-const STDERR_LIMIT: usize = 2048;
-
-/// Most output kept of one Slurm command, per stream; a command that prints more fails rather
-/// than answer with a cut list.
-const OUTPUT_LIMIT: usize = 4 * 1024 * 1024;
-
-/// First pause before retrying a command that could not reach slurmctld (doubles up to
-/// `controller_retry_max_backoff`).
-const FIRST_RETRY_BACKOFF: Duration = Duration::from_millis(250);
-
-/// What Slurm's clients print when slurmctld cannot be reached: the command did nothing.
-const CONTROLLER_UNREACHABLE: &str = "Unable to contact slurm controller";
 
 /// How often requeue looks at a job that is still completing.
 const REQUEUE_POLL: Duration = Duration::from_millis(100);
@@ -142,74 +125,9 @@ impl SlurmConfig {
     }
 }
 
-/// A name Slurm's commands take as one node (not a list, not an option, no spaces).
-pub fn is_plain_name(name: &str) -> bool {
-    !name.is_empty()
-        && !name.starts_with('-')
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-}
-
-/// What `scontrol show node` says about a node.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SlurmNode {
-    /// `State=`, e.g. `IDLE+DRAIN`.
-    pub state: String,
-    /// `Reason=` without the `[user@time]` stamp Slurm appends; `None` when it has none.
-    pub reason: Option<String>,
-}
-
-impl SlurmNode {
-    /// The base state and flags, upper case (`IDLE`, `DRAIN`, `NOT_RESPONDING`...).
-    pub fn state_words(&self) -> impl Iterator<Item = &str> {
-        self.state.split('+')
-    }
-
-    /// Drained or draining.
-    pub fn is_drained(&self) -> bool {
-        self.state_words().any(|w| w == "DRAIN")
-    }
-
-    /// Out of scheduling for any reason fleetmend could have to undo (drained, down, failed).
-    fn is_out(&self) -> bool {
-        self.state_words().any(|w| matches!(w, "DRAIN" | "DOWN" | "FAIL" | "FAILING"))
-    }
-
-    /// A reboot asked of Slurm that has not completed, or a node whose slurmd does not answer.
-    fn is_rebooting(&self) -> bool {
-        self.state_words().any(|w| {
-            matches!(w, "REBOOT_REQUESTED" | "REBOOT_ISSUED" | "NOT_RESPONDING" | "POWERING_UP")
-        }) || self.state.contains('*')
-    }
-
-    fn reason_is_ours(&self) -> bool {
-        self.reason.as_deref().is_some_and(|r| r.starts_with(DRAIN_REASON_PREFIX))
-    }
-}
-
-/// Parses `scontrol show node NODE` (the multi-line form).
-pub fn parse_show_node(text: &str) -> Option<SlurmNode> {
-    let mut state = None;
-    let mut reason = None;
-    for line in text.lines() {
-        let line = line.trim();
-        if let Some(value) = line.strip_prefix("Reason=") {
-            // "maintenance now [root@2026-11-29T21:47:06]": the stamp is the last " [".
-            let value = match value.rfind(" [") {
-                Some(at) if value.ends_with(']') => &value[..at],
-                _ => value,
-            };
-            if !value.is_empty() && value != "(null)" {
-                reason = Some(value.to_owned());
-            }
-            continue;
-        }
-        for token in line.split_whitespace() {
-            if let Some(value) = token.strip_prefix("State=") {
-                state = Some(value.to_owned());
-            }
-        }
-    }
-    Some(SlurmNode { state: state?, reason })
+/// The node's drain reason is fleetmend's (`fleetmend: ...`): undrain may lift it.
+fn reason_is_ours(node: &SlurmNode) -> bool {
+    node.reason.as_deref().is_some_and(|r| r.starts_with(DRAIN_REASON_PREFIX))
 }
 
 /// A Slurm command's result.
@@ -221,6 +139,8 @@ struct Output {
 #[derive(Debug, Clone)]
 pub struct SlurmScheduler {
     config: SlurmConfig,
+    /// How its commands are run (from `config`).
+    commands: Commands,
     /// Slurm node name → fleetmend node name.
     from_slurm: BTreeMap<String, String>,
     /// The jobs fleetmend requeued, each with when the spare keeper first saw it (its clock's
@@ -236,7 +156,14 @@ impl SlurmScheduler {
     pub fn new(config: SlurmConfig) -> SlurmScheduler {
         let from_slurm =
             config.node_names.iter().map(|(ours, theirs)| (theirs.clone(), ours.clone())).collect();
-        SlurmScheduler { config, from_slurm, requeued: Arc::default() }
+        let commands = Commands {
+            bin_dir: config.bin_dir.clone(),
+            slurm_conf: config.slurm_conf.clone(),
+            command_timeout: config.command_timeout,
+            controller_retry_for: config.controller_retry_for,
+            controller_retry_max_backoff: config.controller_retry_max_backoff,
+        };
+        SlurmScheduler { config, commands, from_slurm, requeued: Arc::default() }
     }
 
     /// The jobs fleetmend requeued that the spare keeper first saw less than
@@ -294,116 +221,18 @@ impl SlurmScheduler {
             .map_err(CommandFailure::into_error)
     }
 
-    fn program(&self, name: &str) -> PathBuf {
-        match &self.config.bin_dir {
-            Some(dir) => dir.join(name),
-            None => PathBuf::from(name),
-        }
-    }
-
-    /// Runs one Slurm command; while slurmctld cannot be reached (the command did nothing) it is
-    /// retried with capped exponential backoff and jitter for `controller_retry_for`.
+    /// Runs one Slurm command (see [`Commands::run`]); its stdout.
     async fn run(
         &self,
         operation: &'static str,
         program: &str,
         args: &[&str],
     ) -> Result<Output, CommandFailure> {
-        let deadline = Instant::now() + self.config.controller_retry_for;
-        let mut backoff = FIRST_RETRY_BACKOFF.min(self.config.controller_retry_max_backoff);
-        let mut attempt = 1u32;
-        loop {
-            match self.run_once(operation, program, args).await {
-                Err(CommandFailure::Exit { stderr, line, status, .. })
-                    if stderr.contains(CONTROLLER_UNREACHABLE) =>
-                {
-                    // Full jitter over the upper half: retries from many calls spread out.
-                    let pause = backoff.mul_f64(0.5 + fastrand::f64() / 2.0);
-                    if Instant::now() + pause >= deadline {
-                        return Err(CommandFailure::Exit {
-                            operation,
-                            line,
-                            status,
-                            stderr: format!(
-                                "{stderr} (slurmctld unreachable; gave up after {attempt} attempts)"
-                            ),
-                        });
-                    }
-                    tracing::warn!(
-                        operation,
-                        command = %line,
-                        attempt,
-                        retry_in = ?pause,
-                        "slurmctld unreachable; retrying"
-                    );
-                    tokio::time::sleep(pause).await;
-                    backoff =
-                        backoff.saturating_mul(2).min(self.config.controller_retry_max_backoff);
-                    attempt += 1;
-                }
-                other => return other,
-            }
-        }
-    }
-
-    /// Runs one Slurm command with the configured timeout; a non-zero exit is an error with
-    /// the command and its stderr.
-    async fn run_once(
-        &self,
-        operation: &'static str,
-        program: &str,
-        args: &[&str],
-    ) -> Result<Output, CommandFailure> {
-        let path = self.program(program);
-        let mut command = tokio::process::Command::new(&path);
-        command.args(args);
-        if let Some(conf) = &self.config.slurm_conf {
-            command.env("SLURM_CONF", conf);
-        }
-        let line = format!("{} {}", path.display(), args.join(" "));
-        let options = fleetmend_process::Options {
-            tail_bytes: OUTPUT_LIMIT,
-            ..fleetmend_process::Options::new(self.config.command_timeout)
-        };
-        let failed = |message: String| {
-            CommandFailure::Error(SchedulerError::Failed { scheduler: NAME, operation, message })
-        };
-        let output = match fleetmend_process::run(command, &options).await {
-            Ok(output) => output,
-            Err(RunError::Spawn { source, .. }) => {
-                return Err(failed(format!("starting {line}: {source}")));
-            }
-            Err(RunError::Wait { source, .. }) => {
-                return Err(failed(format!("waiting for {line}: {source}")));
-            }
-            Err(RunError::TimedOut { .. }) => {
-                return Err(CommandFailure::Error(SchedulerError::Timeout {
-                    scheduler: NAME,
-                    operation,
-                }));
-            }
-        };
-        if output.stdout.is_truncated() {
-            // A cut list of jobs or nodes would read as a shorter one.
-            return Err(failed(format!("{line} printed more than {OUTPUT_LIMIT} bytes")));
-        }
-        if output.status.success() {
-            return Ok(Output { stdout: output.stdout.text() });
-        }
-        let mut stderr = output.stderr.text().trim().to_owned();
-        if stderr.len() > STDERR_LIMIT {
-            let mut cut = STDERR_LIMIT;
-            while !stderr.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            stderr.truncate(cut);
-            stderr.push_str("...");
-        }
-        // Some "not found" answers come on stdout (`scontrol show node`).
-        if stderr.is_empty() {
-            stderr = output.stdout.text().trim().chars().take(STDERR_LIMIT).collect();
-        }
-        Err(CommandFailure::Exit { operation, line, status: output.status.to_string(), stderr })
+        self.commands
+            .run(operation, program, args)
+            .await
+            .map(|stdout| Output { stdout })
+            .map_err(|error| CommandFailure { operation, error })
     }
 
     /// What Slurm says about fleetmend's `node`.
@@ -467,43 +296,36 @@ fn check_job_id(operation: &'static str, job: &str) -> Result<(), SchedulerError
 }
 
 /// A command that did not succeed, before it is known what it was about.
-enum CommandFailure {
-    Error(SchedulerError),
-    Exit { operation: &'static str, line: String, status: String, stderr: String },
+struct CommandFailure {
+    operation: &'static str,
+    error: CommandError,
 }
 
 impl CommandFailure {
     fn into_error(self) -> SchedulerError {
-        match self {
-            CommandFailure::Error(err) => err,
-            CommandFailure::Exit { operation, line, status, stderr } => SchedulerError::Failed {
-                scheduler: NAME,
-                operation,
-                message: format!("{line}: {status}: {stderr}"),
-            },
+        let CommandFailure { operation, error } = self;
+        match error {
+            CommandError::TimedOut { .. } => SchedulerError::Timeout { scheduler: NAME, operation },
+            error => {
+                SchedulerError::Failed { scheduler: NAME, operation, message: error.to_string() }
+            }
         }
     }
 
     /// Slurm's "Node X not found" becomes [`SchedulerError::UnknownNode`].
     fn node_error(self, node: &str) -> SchedulerError {
-        match &self {
-            CommandFailure::Exit { stderr, .. }
-                if stderr.contains("not found") || stderr.contains("Invalid node name") =>
-            {
-                SchedulerError::UnknownNode { scheduler: NAME, node: node.to_owned() }
-            }
-            _ => self.into_error(),
+        if self.error.is_unknown_node() {
+            return SchedulerError::UnknownNode { scheduler: NAME, node: node.to_owned() };
         }
+        self.into_error()
     }
 
     /// Slurm's "Invalid job id specified" becomes [`SchedulerError::UnknownJob`].
     fn job_error(self, job: &str) -> SchedulerError {
-        match &self {
-            CommandFailure::Exit { stderr, .. } if stderr.contains("Invalid job id") => {
-                SchedulerError::UnknownJob { scheduler: NAME, job: job.to_owned() }
-            }
-            _ => self.into_error(),
+        if self.error.is_unknown_job() {
+            return SchedulerError::UnknownJob { scheduler: NAME, job: job.to_owned() };
         }
+        self.into_error()
     }
 }
 
@@ -544,7 +366,7 @@ impl Scheduler for SlurmScheduler {
             if !current.is_out() {
                 return Ok(UndrainOutcome::NotDrained);
             }
-            if !current.reason_is_ours() {
+            if !reason_is_ours(&current) {
                 return Ok(UndrainOutcome::DrainedByOther(current.reason.unwrap_or_default()));
             }
             // A node whose reboot Slurm has not seen through yet: resuming it now would clear

@@ -1,51 +1,22 @@
-//! Tests of the Slurm backend that need no Slurm: parsing, names, config, and its commands
+//! Tests of the Slurm backend that need no Slurm: names, config, and its commands
 //! stood in by scripts.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use super::*;
 
 #[test]
-fn plain_names_are_single_slurm_node_names() {
-    assert!(is_plain_name("node2"));
-    assert!(is_plain_name("gpu-a17.rack3"));
-    for bad in ["", "-n", "node[1-4]", "node1,node2", "a b"] {
-        assert!(!is_plain_name(bad), "{bad:?}");
-    }
-}
-
-const DRAINED: &str = "NodeName=node3 Arch=x86_64 CoresPerSocket=1 \n   CPUAlloc=0 CPUEfctv=2\n   \
-    State=IDLE+DRAIN ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A\n   \
-    Partitions=dev \n   Reason=maintenance now [root@2026-11-29T21:47:06]\n\n";
-
-#[test]
-fn parses_state_and_reason_without_the_stamp() {
-    let node = parse_show_node(DRAINED).unwrap();
-    assert_eq!(node.state, "IDLE+DRAIN");
-    assert_eq!(node.reason.as_deref(), Some("maintenance now"));
-    assert!(node.is_drained());
-    assert!(!node.reason_is_ours());
-    let ours = parse_show_node(
-        "   State=MIXED+DRAIN ThreadsPerCore=1\n   Reason=fleetmend: xid 79 [gpu 3] [root@2026-11-29T21:47:09]\n",
-    )
-    .unwrap();
-    assert_eq!(ours.reason.as_deref(), Some("fleetmend: xid 79 [gpu 3]"));
-    assert!(ours.reason_is_ours());
-    let idle = parse_show_node("   State=IDLE ThreadsPerCore=1\n").unwrap();
-    assert!(!idle.is_drained() && !idle.is_out());
-    assert_eq!(idle.reason, None);
-    let down = parse_show_node(
-        "   State=DOWN+NOT_RESPONDING x=1\n   Reason=Not responding [slurm@2026]\n",
-    )
-    .unwrap();
-    assert!(down.is_out() && !down.is_drained());
-    assert!(down.is_rebooting(), "slurmd does not answer");
-    assert!(!ours.is_rebooting() && !idle.is_rebooting());
-    let rebooting = parse_show_node(
-        "   State=DOWN+DRAIN+REBOOT_ISSUED x=1\n   Reason=fleetmend: reboot [root@2026]\n",
-    )
-    .unwrap();
-    assert!(rebooting.is_rebooting() && rebooting.reason_is_ours());
-    assert_eq!(parse_show_node("nothing here"), None);
+fn only_a_reason_starting_fleetmend_s_prefix_is_ours() {
+    let ours = |reason: Option<&str>| {
+        reason_is_ours(&SlurmNode {
+            state: "IDLE+DRAIN".to_owned(),
+            reason: reason.map(str::to_owned),
+        })
+    };
+    assert!(ours(Some("fleetmend: xid 79 [gpu 3]")));
+    assert!(ours(Some("fleetmend: spare")));
+    assert!(!ours(Some("maintenance now")));
+    assert!(!ours(Some("Not responding")));
+    assert!(!ours(None));
 }
 
 #[test]
