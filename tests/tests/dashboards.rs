@@ -329,6 +329,18 @@ fn address(url: &str) -> SocketAddr {
     rest.split('/').next().unwrap().parse().unwrap_or_else(|err| panic!("{url}: {err}"))
 }
 
+/// The repairer's and the agents' addresses once `up` printed its banner (within [`LIVE_LIMIT`]).
+fn banner(up: &mut Up) -> (SocketAddr, Vec<SocketAddr>) {
+    let mut addresses = None;
+    let started = poll_until(LIVE_LIMIT, || {
+        assert!(up.running(), "fleetmend up exited\n{}", up.output());
+        addresses = banner_addresses(&up.stdout());
+        addresses.is_some()
+    });
+    assert!(started, "fleetmend up printed no banner within {LIVE_LIMIT:?}\n{}", up.output());
+    addresses.unwrap()
+}
+
 /// The repairer's address and every agent's from `fleetmend up`'s banner, once it is printed
 /// (its last line starts with `try:`).
 fn banner_addresses(stdout: &str) -> Option<(SocketAddr, Vec<SocketAddr>)> {
@@ -357,14 +369,7 @@ fn every_series_a_dashboard_panel_reads_is_there_on_a_healthy_fleet_within_a_min
     let dir = tempfile::tempdir().unwrap();
     let up = ["--model", "small", "--pace", "100ms", "--steps", "100000"];
     let mut up = Up::start(dir.path(), &dir.path().join("state"), &up);
-    let mut addresses = None;
-    let started = poll_until(LIVE_LIMIT, || {
-        assert!(up.running(), "fleetmend up exited\n{}", up.output());
-        addresses = banner_addresses(&up.stdout());
-        addresses.is_some()
-    });
-    assert!(started, "fleetmend up printed no banner within {LIVE_LIMIT:?}\n{}", up.output());
-    let (repairer, agents) = addresses.unwrap();
+    let (repairer, agents) = banner(&mut up);
 
     // From the banner on, a minute for every panel's series to have a sample: the job's step
     // within seconds, its slowest rank once each rank posted its warm-up and a window of steps.
@@ -401,14 +406,7 @@ fn every_metric_in_the_dashboards_and_rules_is_exported_by_a_live_fleet() {
     let mut up = Up::start(dir.path(), &dir.path().join("state"), &["--scenario", &scenario_arg]);
 
     let deadline = Instant::now() + LIVE_LIMIT;
-    let mut addresses = None;
-    let started = poll_until(LIVE_LIMIT, || {
-        assert!(up.running(), "fleetmend up exited\n{}", up.output());
-        addresses = banner_addresses(&up.stdout());
-        addresses.is_some()
-    });
-    assert!(started, "fleetmend up printed no banner within {LIVE_LIMIT:?}\n{}", up.output());
-    let (repairer, agents) = addresses.unwrap();
+    let (repairer, agents) = banner(&mut up);
     assert_eq!(agents.len(), 2, "{}", up.output());
 
     // Families come and go with what happens (a repair's counters appear with the first repair):
