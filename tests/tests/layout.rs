@@ -52,7 +52,6 @@ const KNOWN_LONG_FILES: &[(&str, &str, usize)] = &[
     ("agent", "checks/nic.rs", 1228),
     ("agent", "commands.rs", 808),
     ("agent", "ranks.rs", 803),
-    ("runtime", "checkpoint.rs", 1829),
     ("runtime", "collective.rs", 1383),
     ("runtime", "train/mod.rs", 1370),
     ("local", "faults.rs", 1175),
