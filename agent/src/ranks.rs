@@ -32,6 +32,11 @@ use tokio::sync::watch;
 use crate::config::JobsConfig;
 use crate::runner::unix_millis;
 
+mod orphans;
+
+pub use orphans::rank_processes;
+use orphans::{Orphan, find_orphans, process_running};
+
 /// The file in a rank's directory that takes its stdout and stderr.
 pub const LOG_FILE: &str = "rank.log";
 /// Set in every rank's environment to its rank directory: how an agent that starts again finds the
@@ -643,81 +648,6 @@ fn host_name() -> String {
 /// `path` made absolute against the current directory (as given when that fails).
 fn absolute(path: &Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_owned())
-}
-
-/// A process an earlier agent process started as a rank.
-#[derive(Debug, Clone)]
-struct Orphan {
-    key: RankKey,
-    pid: u32,
-    pgid: u32,
-}
-
-/// Every running process in `procfs` whose [`RANK_DIR_VAR`] names a rank directory under `dir`
-/// and that leads its own process group (a rank's launcher; what it started goes with its group).
-fn find_orphans(procfs: &Path, dir: &Path) -> Vec<Orphan> {
-    let Ok(entries) = std::fs::read_dir(procfs) else {
-        return Vec::new();
-    };
-    let own = std::process::id();
-    let needle = format!("{RANK_DIR_VAR}=");
-    let mut orphans = Vec::new();
-    for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<u32>().ok()) else {
-            continue;
-        };
-        if pid == own {
-            continue;
-        }
-        // Other users' processes cannot be read; they are not this agent's ranks either.
-        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
-            continue;
-        };
-        let Some(rank_dir) = environ
-            .split(|b| *b == 0)
-            .filter_map(|var| std::str::from_utf8(var).ok())
-            .find_map(|var| var.strip_prefix(&needle))
-        else {
-            continue;
-        };
-        let Some(key) = key_of_rank_dir(dir, Path::new(rank_dir)) else {
-            continue;
-        };
-        match process_group(procfs, pid) {
-            Some(pgid) if pgid == pid => orphans.push(Orphan { key, pid, pgid }),
-            _ => {}
-        }
-    }
-    orphans
-}
-
-/// The rank launchers running in `procfs` that an agent keeping its ranks under `dir` started
-/// (found by their [`RANK_DIR_VAR`], as [`RankSupervisor::stop_orphans`] finds them), with their
-/// pids; each leads its own process group.
-pub fn rank_processes(procfs: &Path, dir: &Path) -> Vec<(RankKey, u32)> {
-    find_orphans(procfs, &absolute(dir)).into_iter().map(|o| (o.key, o.pid)).collect()
-}
-
-/// The fields of `/proc/<pid>/stat` after the command name: state first.
-fn stat_fields(procfs: &Path, pid: u32) -> Option<Vec<String>> {
-    let stat = std::fs::read_to_string(procfs.join(pid.to_string()).join("stat")).ok()?;
-    let (_, rest) = stat.rsplit_once(") ")?;
-    Some(rest.split_whitespace().map(str::to_owned).collect())
-}
-
-/// The process group of `pid` (a process that is not a zombie).
-fn process_group(procfs: &Path, pid: u32) -> Option<u32> {
-    let fields = stat_fields(procfs, pid)?;
-    // state, ppid, pgrp
-    if fields.first().is_some_and(|state| state == "Z") {
-        return None;
-    }
-    fields.get(2)?.parse().ok()
-}
-
-/// Whether `pid` exists and is not a zombie.
-fn process_running(procfs: &Path, pid: u32) -> bool {
-    stat_fields(procfs, pid).is_some_and(|fields| fields.first().is_some_and(|s| s != "Z"))
 }
 
 #[cfg(test)]

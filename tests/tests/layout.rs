@@ -51,7 +51,6 @@ const KNOWN_LONG_FILES: &[(&str, &str, usize)] = &[
     ("agent", "checks/kernel_log/rules.rs", 977),
     ("agent", "checks/nic.rs", 1228),
     ("agent", "commands.rs", 808),
-    ("agent", "ranks.rs", 803),
     ("runtime", "collective.rs", 1383),
     ("runtime", "train/mod.rs", 1370),
     ("local", "faults.rs", 1175),
