@@ -245,16 +245,10 @@ impl SlurmScheduler {
         operation: &'static str,
         node: &str,
     ) -> Result<SlurmNode, SchedulerError> {
-        let name = self.slurm_name(node);
-        let output = self
-            .run(operation, "scontrol", &["show", "node", name])
+        self.commands
+            .show_node(operation, self.slurm_name(node))
             .await
-            .map_err(|failure| failure.node_error(node))?;
-        parse_show_node(&output.stdout).ok_or_else(|| SchedulerError::Failed {
-            scheduler: NAME,
-            operation,
-            message: format!("scontrol show node {name}: no State= in {:?}", output.stdout),
-        })
+            .map_err(|error| CommandFailure { operation, error }.node_error(node))
     }
 
     /// The state (`PENDING`, `RUNNING`, `COMPLETING`...) of `job`.
@@ -347,13 +341,11 @@ impl Scheduler for SlurmScheduler {
             if current.is_drained() && !spare {
                 return Ok(());
             }
-            let name = self.slurm_name(node);
-            let reason_arg = format!("Reason={reason}");
-            let name_arg = format!("NodeName={name}");
-            self.run("drain", "scontrol", &["update", &name_arg, "State=DRAIN", &reason_arg])
+            let operation = "drain";
+            self.commands
+                .drain(operation, self.slurm_name(node), reason)
                 .await
-                .map_err(|failure| failure.node_error(node))?;
-            Ok(())
+                .map_err(|error| CommandFailure { operation, error }.node_error(node))
         })
     }
 
