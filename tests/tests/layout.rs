@@ -48,7 +48,6 @@ const KNOWN_CIRCLES: &[(&str, &str)] = &[
 const KNOWN_LONG_FILES: &[(&str, &str, usize)] = &[
     ("agent", "checks/disk.rs", 1032),
     ("agent", "checks/kernel_log/rules.rs", 977),
-    ("agent", "checks/nic.rs", 1228),
     ("agent", "commands.rs", 808),
     ("runtime", "collective.rs", 1383),
     ("runtime", "train/mod.rs", 1370),
@@ -64,7 +63,6 @@ const KNOWN_LONG_FILES: &[(&str, &str, usize)] = &[
 const KNOWN_LONG_FNS: &[(&str, &str, &str, usize)] = &[
     ("agent", "checks/kernel_log/rules.rs", "builtin_rules", 223),
     ("agent", "checks/kernel_log/rules.rs", "compile", 126),
-    ("agent", "checks/nic.rs", "interface", 165),
     ("runtime", "collective/rendezvous.rs", "host_rendezvous", 127),
     ("runtime", "train/mod.rs", "train", 296),
     ("local", "scenario/summary.rs", "summarize", 133),
