@@ -12,17 +12,24 @@
 //!
 //! A command id is run at most once (the last [`REMEMBERED_IDS`] ids are kept), and every command
 //! gets a result, also an unknown or refused one, so the repairer never waits for nothing.
+//!
+//! The outbox is in [`outbox`], running a probe's or the reboot command's process in [`process`].
+
+mod outbox;
+mod process;
 
 use std::collections::{HashSet, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use fleetmend_proto::{
     CommandResult, Finding, NodeCommand, RecommendedAction, Status, Verdict, command_kind,
 };
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+pub use self::outbox::CommandOutbox;
+pub use self::process::{ProcessEnd, ProcessRun, run_process};
 use crate::allreduce::AllreduceRunner;
 use crate::checks::Observation;
 use crate::config::{CommandsConfig, HostPaths, ProbeConfig};
@@ -39,104 +46,10 @@ pub const DEEP_CHECK: &str = "deep_check";
 /// The finding of a probe that did not pass (subject: the probe's name).
 pub const PROBE_FAILED: &str = "probe_failed";
 
-/// Bytes of a process's output kept for a message: enough for the error, bounded for the report.
-const OUTPUT_TAIL_BYTES: usize = 1024;
-const _: () = assert!(OUTPUT_TAIL_BYTES < fleetmend_proto::bounds::MAX_MESSAGE_BYTES / 2);
 /// How long a check that its own loop is running is polled for before a deep check runs it.
 const BUSY_POLL: Duration = Duration::from_millis(50);
-/// After a process ended, how long its output pipes may stay open (a leftover child holding them).
-const OUTPUT_GRACE: Duration = Duration::from_secs(1);
 /// Problems named in a deep check's message; the findings list carries them all.
 const MESSAGE_PROBLEMS: usize = 8;
-
-/// Results of finished commands, waiting for a report to carry them.
-#[derive(Debug)]
-pub struct CommandOutbox {
-    pending: Mutex<Vec<CommandResult>>,
-    /// Raised when a result is added: the reporter sends a report at once.
-    ready: Notify,
-    /// Counts accepted reports that carried results, so a command can wait for its own delivery.
-    deliveries: watch::Sender<u64>,
-}
-
-impl Default for CommandOutbox {
-    fn default() -> Self {
-        CommandOutbox {
-            pending: Mutex::new(Vec::new()),
-            ready: Notify::new(),
-            deliveries: watch::Sender::new(0),
-        }
-    }
-}
-
-impl CommandOutbox {
-    fn lock(&self) -> MutexGuard<'_, Vec<CommandResult>> {
-        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Adds a result, cut to the wire's bounds, and asks for a report. Cut here, not when the
-    /// report is built, so that the result a report carried is the one [`Self::delivered`] finds.
-    pub fn push(&self, mut result: CommandResult) {
-        if fleetmend_proto::bounds::fit_command_result(&mut result) > 0 {
-            tracing::warn!(id = %result.id, kind = %result.kind, "command result cut to the wire's bounds");
-        }
-        self.lock().push(result);
-        self.ready.notify_one();
-    }
-
-    /// Every result not yet delivered, oldest first.
-    pub fn pending(&self) -> Vec<CommandResult> {
-        self.lock().clone()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.lock().is_empty()
-    }
-
-    /// A report carrying `sent` was accepted: those results are done. Results added while it was
-    /// on its way stay for the next report.
-    pub fn delivered(&self, sent: &[CommandResult]) {
-        if sent.is_empty() {
-            return;
-        }
-        let mut pending = self.lock();
-        for result in sent {
-            if let Some(at) = pending.iter().position(|p| p == result) {
-                pending.remove(at);
-            }
-        }
-        drop(pending);
-        self.deliveries.send_modify(|n| *n = n.wrapping_add(1));
-    }
-
-    /// Returns once results are waiting to be sent.
-    pub async fn ready(&self) {
-        loop {
-            self.ready.notified().await;
-            // A result that already left with an earlier report leaves its wake-up behind.
-            if !self.is_empty() {
-                return;
-            }
-        }
-    }
-
-    /// Waits until `result` was delivered, at most `within`; whether it was.
-    pub async fn wait_delivered(&self, result: &CommandResult, within: Duration) -> bool {
-        // Subscribed before looking, so a delivery between the look and the wait is not missed.
-        let mut deliveries = self.deliveries.subscribe();
-        let deadline = Instant::now() + within;
-        loop {
-            if !self.lock().contains(result) {
-                return true;
-            }
-            match tokio::time::timeout_at(deadline, deliveries.changed()).await {
-                Ok(Ok(())) => {}
-                // The sender lives in `self`, so only the deadline ends the wait.
-                Ok(Err(_)) | Err(_) => return false,
-            }
-        }
-    }
-}
 
 /// The last few command ids seen, oldest dropped first.
 #[derive(Debug, Default)]
@@ -629,104 +542,6 @@ fn out_of_time(check: &'static str, budget: Duration) -> CheckResult {
     }
 }
 
-/// How a process run by a command ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ProcessEnd {
-    /// It exited with this status.
-    Exited(i32),
-    /// A signal ended it.
-    Signalled(i32),
-    /// It ran past its timeout; its process group was killed.
-    TimedOut,
-    /// It could not be started (or waited for): why.
-    NotStarted(String),
-}
-
-/// One run of a probe or of the reboot command.
-#[derive(Debug, Clone)]
-pub struct ProcessRun {
-    pub end: ProcessEnd,
-    /// The timeout for a run that timed out.
-    pub duration: Duration,
-    /// The end of its stderr, or of its stdout when stderr was empty; trimmed.
-    pub output_tail: String,
-}
-
-impl ProcessRun {
-    /// Exit status 0.
-    pub fn passed(&self) -> bool {
-        self.end == ProcessEnd::Exited(0)
-    }
-
-    /// "exited with status 1 after 2.1s: <output>", "timed out after 10s; ...", ...
-    pub fn describe(&self) -> String {
-        let took = short_duration(self.duration);
-        let mut text = match &self.end {
-            ProcessEnd::Exited(code) => format!("exited with status {code} after {took}"),
-            ProcessEnd::Signalled(signal) => format!("was killed by signal {signal} after {took}"),
-            ProcessEnd::TimedOut => {
-                format!("timed out after {took}; its process group was killed")
-            }
-            ProcessEnd::NotStarted(why) => format!("could not run: {why}"),
-        };
-        if !self.output_tail.is_empty() {
-            text.push_str(": ");
-            text.push_str(&self.output_tail);
-        }
-        text
-    }
-}
-
-/// Runs `argv` (no shell) in a process group of its own, at most `timeout`; on a timeout the whole
-/// group is killed, so a probe's helpers do not outlive it.
-pub async fn run_process(argv: &[String], timeout: Duration) -> ProcessRun {
-    let started = Instant::now();
-    let Some((program, args)) = argv.split_first() else {
-        return ProcessRun {
-            end: ProcessEnd::NotStarted("no program given".to_owned()),
-            duration: Duration::ZERO,
-            output_tail: String::new(),
-        };
-    };
-    let mut command = tokio::process::Command::new(program);
-    command.args(args);
-    let options = fleetmend_process::Options {
-        tail_bytes: OUTPUT_TAIL_BYTES,
-        output_grace: OUTPUT_GRACE,
-        // A reboot command may hand the reboot to a helper that keeps its output open.
-        leftovers: fleetmend_process::Leftovers::Leave,
-        ..fleetmend_process::Options::new(timeout)
-    };
-    match fleetmend_process::run(command, &options).await {
-        Ok(output) => {
-            use std::os::unix::process::ExitStatusExt;
-            let end = match (output.status.code(), output.status.signal()) {
-                (Some(code), _) => ProcessEnd::Exited(code),
-                (None, Some(signal)) => ProcessEnd::Signalled(signal),
-                (None, None) => ProcessEnd::NotStarted(format!("ended oddly: {}", output.status)),
-            };
-            let output_tail = output_tail(&output.stdout, &output.stderr);
-            ProcessRun { end, duration: output.duration, output_tail }
-        }
-        Err(fleetmend_process::RunError::TimedOut { after, stdout, stderr, .. }) => ProcessRun {
-            end: ProcessEnd::TimedOut,
-            duration: after,
-            output_tail: output_tail(&stdout, &stderr),
-        },
-        Err(err) => ProcessRun {
-            end: ProcessEnd::NotStarted(err.to_string()),
-            duration: started.elapsed(),
-            output_tail: String::new(),
-        },
-    }
-}
-
-/// The end of stderr, or of stdout when stderr was empty; trimmed.
-fn output_tail(stdout: &fleetmend_process::Tail, stderr: &fleetmend_process::Tail) -> String {
-    let stderr = stderr.text().trim().to_owned();
-    if stderr.is_empty() { stdout.text().trim().to_owned() } else { stderr }
-}
-
 /// A duration for a message: whole seconds above ten seconds, milliseconds below.
 pub(crate) fn short_duration(duration: Duration) -> String {
     let rounded = if duration >= Duration::from_secs(10) {
@@ -741,10 +556,6 @@ pub(crate) fn short_duration(duration: Duration) -> String {
 mod tests {
     use super::*;
 
-    fn command(id: &str, kind: &str) -> NodeCommand {
-        NodeCommand { id: id.to_owned(), kind: kind.to_owned(), args: Default::default() }
-    }
-
     #[test]
     fn recent_ids_forget_the_oldest_beyond_the_limit() {
         let mut ids = RecentIds::default();
@@ -758,51 +569,5 @@ mod tests {
         assert_eq!(ids.set.len(), REMEMBERED_IDS);
         ids.forget("a");
         assert!(ids.insert("a"));
-    }
-
-    #[test]
-    fn delivered_removes_only_what_was_sent() {
-        let outbox = CommandOutbox::default();
-        let first = result_of(&command("r1", "reboot"), true, "reboot started");
-        outbox.push(first.clone());
-        let sent = outbox.pending();
-        let second = result_of(&command("r1", "reboot"), false, "reboot command failed");
-        outbox.push(second.clone());
-        outbox.delivered(&sent);
-        assert_eq!(outbox.pending(), [second]);
-    }
-
-    #[test]
-    fn a_result_past_the_wire_bounds_is_cut_when_queued_and_still_delivered() {
-        let outbox = CommandOutbox::default();
-        let long = "x".repeat(fleetmend_proto::bounds::MAX_MESSAGE_BYTES + 1);
-        let mut result = result_of(&command("p1", "deep-check"), false, long);
-        result.findings = vec![Finding::ok("probe", "probe_failed", "p"); 3];
-        outbox.push(result);
-        let mut report: fleetmend_proto::Report = serde_json::from_str(
-            r#"{"wire_version":1,"node":"n1","boot_id":"b","agent_version":"1","seq":1,
-                "sent_at_ms":1,"trigger":"command","verdict":"healthy","checks":[],"findings":[]}"#,
-        )
-        .unwrap();
-        report.command_results = outbox.pending();
-        assert_eq!(fleetmend_proto::bounds::check_report(&report), Ok(()));
-        assert_eq!(fleetmend_proto::bounds::fit_report(&mut report), 0);
-        outbox.delivered(&report.command_results);
-        assert!(outbox.is_empty(), "the cut result is the one delivered");
-    }
-
-    #[tokio::test]
-    async fn waiting_for_delivery_ends_on_delivery_or_deadline() {
-        let outbox = Arc::new(CommandOutbox::default());
-        let result = result_of(&command("r1", "reboot"), true, "reboot started");
-        outbox.push(result.clone());
-        assert!(!outbox.wait_delivered(&result, Duration::from_millis(20)).await);
-        let deliverer = Arc::clone(&outbox);
-        let sent = outbox.pending();
-        tokio::spawn(async move {
-            tokio::task::yield_now().await;
-            deliverer.delivered(&sent);
-        });
-        assert!(outbox.wait_delivered(&result, Duration::from_secs(10)).await);
     }
 }
