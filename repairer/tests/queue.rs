@@ -367,7 +367,9 @@ async fn draining_a_node_checkpoints_stops_requeues_at_the_front_and_resumes_on_
         assert_eq!(status, 200);
     }
 
-    // A person drains n2 under the running job.
+    // A person drains n2 under the running job. The drain only takes n2 out of placement; the
+    // repair workflow asks the job for a checkpoint (SIGUSR1) and requeues it, and the requeue
+    // stops it once that checkpoint is written (SIGTERM).
     let (status, body) = c.post("/v1/nodes/n2/drain", serde_json::json!({})).await;
     assert_eq!(status, 200, "{body}");
     c.wait_job(&job, "stopping", |j| j.job.state == JobState::Stopping).await;
@@ -437,8 +439,8 @@ async fn draining_a_node_checkpoints_stops_requeues_at_the_front_and_resumes_on_
         &events,
         &[
             job_event(EventKind::JobStarted, &job),
-            job_event(EventKind::JobRankFailed, &job).node("n2").reason("drain"),
-            job_event(EventKind::JobCheckpointRequested, &job),
+            job_event(EventKind::JobCheckpointRequested, &job).reason("the repairer asked"),
+            job_event(EventKind::JobStopping, &job).reason("rank 1 on n2 (drained"),
             job_event(EventKind::JobStopping, &job).reason("checkpoint step 12 written"),
             job_event(EventKind::JobRequeued, &job),
             job_event(EventKind::JobStarted, &job).reason("attempt 1"),
@@ -664,6 +666,37 @@ async fn an_admin_drain_is_kept_apart_from_fleetmends_own() {
         ["n7"],
         "only the admin's drain is left"
     );
+}
+
+/// The repair workflow is the one owner of stopping a job for a drain (a checkpoint, then the
+/// requeue): the queue's drain, fleetmend's or a person's, only takes the node out of placement,
+/// as Slurm's does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_alone_stops_no_job_it_only_takes_the_node_out_of_placement() {
+    let c = Cluster::start(|config| {
+        config.queue.wait_alert = Duration::from_millis(400);
+        config.queue.spare_pool = fleetmend_repairer::policy::FleetShare::Nodes(0);
+    })
+    .await;
+    let queue = c.repairer.queue.clone().unwrap();
+    let agents = c.fleet(&["n1", "n2", "n3"]).await;
+    let job = c.submit(spec("long", 2, 0, 0)).await;
+    let running = c.wait_state(&job, JobState::Running, 0).await;
+    let [first, second] = [running.job.nodes[0].clone(), running.job.nodes[1].clone()];
+    let free = ["n1", "n2", "n3"].into_iter().find(|n| !running.job.nodes.iter().any(|m| m == n));
+    queue.drain(&first, &format!("{DRAIN_REASON_PREFIX}xid 79")).await.unwrap();
+    queue.admin_drain(&second, "a person's drain").unwrap();
+    queue.admin_drain(free.unwrap(), "maintenance window").unwrap();
+
+    // A job submitted after the drains waits and names the free node out: the queue has looked
+    // at its nodes since.
+    let next = c.submit(spec("next", 1, 0, 0)).await;
+    let waiting = c.wait_job(&next, "the wait named", |j| j.job.reason.contains("; out: ")).await;
+    assert!(waiting.job.reason.contains("maintenance window"), "{}", waiting.job.reason);
+    let view = c.job(&job).await;
+    assert_eq!(view.job.state, JobState::Running, "{:?}", view.job.reason);
+    assert_eq!(view.job.attempt, 0);
+    assert!(signals_of(&agents, &job, 0).is_empty(), "{:?}", signals_of(&agents, &job, 0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -57,7 +57,8 @@ pub struct JobResult {
     /// Restarts the queue made.
     pub restarts: u32,
     pub checkpoints: u64,
-    /// Interruptions where the job checkpointed at the signal before its node was drained.
+    /// Checkpoints the job wrote at a SIGUSR1: the repairer's request before it requeues the job
+    /// off a drained node, and the queue's before it stops the job.
     pub checkpointed_at_signal: u32,
     /// Checkpoint interval the job ended with, seconds (auto: the queue's Young/Daly).
     pub checkpoint_interval_seconds: f64,

@@ -766,17 +766,14 @@ impl World {
             status.signal = Some(if signal.signal == RankSignal::Term { 15 } else { 9 });
             status.finished_at_ms = Some(now);
         }
-        // The stop has reached the job: its time is the stop's from the queue's request on (read
-        // once per stop: a view copies the whole job).
+        // A stop has reached the job: its time is the stop's from the queue's request on (read
+        // once per stop). A SIGUSR1 with no stop is the repairer asking for a checkpoint before
+        // it requeues the job off a drained node: the job writes it and trains on.
         let first = self
             .jobs
             .get(&key.job)
             .is_some_and(|j| j.interrupted.is_none_or(|i| i.stop_requested_ms.is_none()));
-        let requested = if first {
-            self.queue.job(&key.job).and_then(|v| v.job.stop.as_ref().map(|s| s.requested_ms))
-        } else {
-            None
-        };
+        let requested = if first { self.queue.stop_requested_ms(&key.job) } else { None };
         let on_signal = self.config.job.checkpoint_on_signal;
         let write = self.config.job.checkpoint_write.as_millis() as u64;
         let Some(job) = self.jobs.get_mut(&key.job).filter(|j| j.attempt == Some(key.attempt))
@@ -785,23 +782,24 @@ impl World {
         };
         job.accrue(now, held);
         let alive = !matches!(job.phase, Phase::Interrupted);
-        if job.interrupted.is_none()
-            || job.interrupted.is_some_and(|i| i.stop_requested_ms.is_none())
+        if (ends || requested.is_some())
+            && (job.interrupted.is_none()
+                || job.interrupted.is_some_and(|i| i.stop_requested_ms.is_none()))
         {
             job.stop_reached(now, requested.unwrap_or(now));
         }
         // The ranks agree on the checkpoint at their next step (the protocol's flag, reduced
         // over the job): the first rank to get SIGUSR1 starts it, whichever node it is on.
         let writing_at_signal = matches!(job.phase, Phase::Writing { signal: true, .. });
-        if signal.signal == RankSignal::Usr1 && alive && on_signal && !writing_at_signal {
-            let training = matches!(job.phase, Phase::Training | Phase::Writing { .. });
-            job.phase = if training {
-                Phase::Writing { until_ms: now + write, signal: true }
-            } else {
-                Phase::Interrupted
-            };
-        } else if !matches!(job.phase, Phase::Writing { signal: true, .. }) || ends {
+        if ends {
             job.phase = Phase::Interrupted;
+        } else if signal.signal == RankSignal::Usr1
+            && alive
+            && on_signal
+            && !writing_at_signal
+            && matches!(job.phase, Phase::Training | Phase::Writing { .. })
+        {
+            job.phase = Phase::Writing { until_ms: now + write, signal: true };
         }
         let id = key.job.clone();
         self.plan_job(&id);
@@ -840,13 +838,13 @@ impl World {
             Phase::Writing { until_ms, signal } if now >= until_ms => {
                 job.checkpoint_s = job.progress_s;
                 job.checkpoints += 1;
+                // Written at a signal or on its interval, the job trains on (the protocol's
+                // SIGUSR1); the queue's SIGTERM, once it sees the checkpoint, stops it.
                 if signal {
                     job.at_signal += 1;
-                    job.phase = Phase::Interrupted;
-                } else {
-                    job.phase = Phase::Training;
-                    job.next_checkpoint_s = job.progress_s + job.interval_s;
                 }
+                job.phase = Phase::Training;
+                job.next_checkpoint_s = job.progress_s + job.interval_s;
                 post = Some((true, Some(write as f64 / 1000.0)));
             }
             Phase::Training => {

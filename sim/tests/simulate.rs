@@ -205,8 +205,8 @@ fn a_correlated_failure_of_30_percent_of_200_nodes_opens_the_breaker_and_nothing
 }
 
 /// A fault that leaves the job running (a scratch SSD gone read-only) is drained with the
-/// protocol's signal first: the job writes a checkpoint at SIGUSR1 and loses no training to a
-/// rollback.
+/// protocol's signal first: the job writes a checkpoint at the repairer's SIGUSR1 and, requeued
+/// once it is written, loses no training to a rollback.
 #[test]
 fn a_drained_node_that_is_still_alive_costs_a_checkpoint_at_the_signal_not_a_rollback() {
     let config = scripted(

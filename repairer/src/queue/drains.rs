@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use fleetmend_proto::RankSignal;
 
+use super::job::CheckpointAsked;
 use super::{
     DRAINED_KEY, Job, JobQueue, JobState, NAME, QueueDrain, QueueState, StopCause, reindex,
 };
@@ -43,6 +44,9 @@ impl JobQueue {
         })
     }
 
+    /// Takes `node` out of placement, as Slurm's drain does: the ranks running there run on. The
+    /// repair workflow stops them (a checkpoint, then [`JobQueue::requeue_job`]); it is the one
+    /// owner of stopping a job for a drain, whatever the scheduler.
     pub(crate) fn drain_node(&self, node: &str, reason: &str) -> Result<(), SchedulerError> {
         self.wake();
         let now = self.clock.now_ms();
@@ -58,27 +62,6 @@ impl JobQueue {
             self.save_drains(&drained)?;
             state.drained = drained;
         }
-        let on_node: Vec<String> = state
-            .jobs
-            .values()
-            .filter(|j| matches!(j.state, JobState::Starting | JobState::Running))
-            .filter(|j| j.ranks.iter().any(|r| r.node == node && r.live()))
-            .map(|j| j.id.clone())
-            .collect();
-        for id in on_node {
-            if let Some(job) = state.jobs.get_mut(&id) {
-                let rank = job.ranks.iter().find(|r| r.node == node).map_or(0, |r| r.rank);
-                let why = format!("rank {rank} on {node}: its node was drained ({reason})");
-                self.event(
-                    EventKind::JobRankFailed,
-                    Severity::Warning,
-                    Some(node),
-                    self.about(job, &why),
-                );
-                self.begin_stop(job, StopCause::Restart, &why, now);
-            }
-        }
-        reindex(&mut state);
         Ok(())
     }
 
@@ -130,11 +113,20 @@ impl JobQueue {
     }
 
     /// SIGUSR1 to the live ranks of `job` (a job already stopping was asked when its stop began).
+    /// The repair workflow asks before it requeues the job off a drained node.
     pub(crate) fn request_checkpoint(&self, job: &str) -> Result<(), SchedulerError> {
         self.wake();
         let mut state = self.lock();
         let job = Self::job_or_unknown(&mut state, job)?;
         if matches!(job.state, JobState::Starting | JobState::Running) {
+            // The first request of the attempt is the one its ranks act on (a signal command
+            // reaches a rank once); a requeue then waits for that checkpoint.
+            if job.checkpoint_asked.is_none() {
+                let at_ms = self.clock.now_ms();
+                let step_before = job.newest_checkpoint_step();
+                job.checkpoint_asked = Some(CheckpointAsked { at_ms, step_before });
+                self.save(job);
+            }
             let sent = self.signal_live(job, RankSignal::Usr1);
             self.event(
                 EventKind::JobCheckpointRequested,
@@ -152,9 +144,28 @@ impl JobQueue {
         self.wake();
         let now = self.clock.now_ms();
         let mut state = self.lock();
-        let job = Self::job_or_unknown(&mut state, job)?;
+        let QueueState { jobs, drained, .. } = &mut *state;
+        let job = jobs
+            .get_mut(job)
+            .ok_or_else(|| SchedulerError::UnknownJob { scheduler: NAME, job: job.to_owned() })?;
         if matches!(job.state, JobState::Starting | JobState::Running) {
-            self.begin_stop(job, StopCause::Restart, "requeued by the repairer", now);
+            // The audit trail says which drained node the job leaves.
+            let why = job
+                .ranks
+                .iter()
+                .filter(|r| r.live())
+                .find_map(|r| {
+                    let drain = drained.get(&r.node)?;
+                    Some(format!(
+                        "requeued by the repairer: rank {} on {} (drained: {})",
+                        r.rank, r.node, drain.reason
+                    ))
+                })
+                .unwrap_or_else(|| "requeued by the repairer".to_owned());
+            match job.checkpoint_asked {
+                Some(asked) => self.begin_stop_after(job, asked, &why, now),
+                None => self.begin_stop(job, StopCause::Restart, &why, now),
+            }
         }
         reindex(&mut state);
         Ok(())

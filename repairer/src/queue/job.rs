@@ -379,6 +379,16 @@ pub enum StopPhase {
     Kill,
 }
 
+/// The repairer asked the current attempt for a checkpoint (before it requeues the job off a
+/// drained node). SIGUSR1 reaches a rank once per attempt, so the stop that follows waits for
+/// this checkpoint rather than asking again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointAsked {
+    pub at_ms: u64,
+    /// The newest checkpoint step reported when it was asked for.
+    pub step_before: Option<u64>,
+}
+
 /// A stop under way.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Stop {
@@ -499,6 +509,10 @@ pub struct Job {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub stop: Option<Stop>,
+    /// The repairer's checkpoint request to the current attempt, if it made one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub checkpoint_asked: Option<CheckpointAsked>,
     #[schema(value_type = Vec<Object>)]
     pub history: Vec<AttemptRecord>,
     #[schema(value_type = Object)]
@@ -535,6 +549,7 @@ impl Job {
             progress_token,
             ranks: Vec::new(),
             stop: None,
+            checkpoint_asked: None,
             history: Vec::new(),
             goodput: Goodput::default(),
             measured: Measured::default(),

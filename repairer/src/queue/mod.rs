@@ -1,9 +1,10 @@
 //! The embedded job queue (`scheduler = "embedded"`): FIFO with priorities, gang allocation of N
 //! healthy nodes with one rank per node, ranks launched through each node's agent (the command
 //! rides in the reply to the agent's report) with the checkpoint protocol's environment, and
-//! auto-resume: a failed rank or a drained node stops the job (SIGUSR1, then SIGTERM, then
-//! SIGKILL), requeues it at the front of its priority, and restarts it on N healthy nodes from its
-//! newest checkpoint, until its restarts run out.
+//! auto-resume: a failed rank, a lost node or the repairer's requeue stops the job (SIGUSR1, then
+//! SIGTERM, then SIGKILL), requeues it at the front of its priority, and restarts it on N healthy
+//! nodes from its newest checkpoint, until its restarts run out. A drain, as in Slurm, only takes
+//! the node out of placement: the repair workflow asks the job for a checkpoint and requeues it.
 //!
 //! It is also the repairer's [`Scheduler`]: drain, undrain, the jobs on a node, checkpoint and
 //! requeue. Every job is one JSON document in the repairer's store, written on every change of
@@ -374,6 +375,11 @@ impl JobQueue {
 
     pub fn job(&self, id: &str) -> Option<JobView> {
         self.lock().jobs.get(id).map(|j| j.view(self.clock.now_ms()))
+    }
+
+    /// When the queue began stopping `id`'s attempt, if it is stopping it (no copy of the job).
+    pub fn stop_requested_ms(&self, id: &str) -> Option<u64> {
+        self.lock().jobs.get(id)?.stop.as_ref().map(|stop| stop.requested_ms)
     }
 
     /// A person cancels a job: a queued one at once, a running one by SIGTERM then SIGKILL.

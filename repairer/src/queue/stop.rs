@@ -4,6 +4,7 @@
 use fleetmend_proto::jobs::command_with_args;
 use fleetmend_proto::{NodeCommand, RankKey, RankSignal, SignalRank, command_kind};
 
+use super::job::CheckpointAsked;
 use super::{Job, JobQueue, JobState, RankRecord, Stop, StopCause, StopPhase, set_state};
 use crate::model::{EventKind, Severity};
 
@@ -28,6 +29,27 @@ impl JobQueue {
         self.begin_stop_at(job, cause, phase, reason, now);
     }
 
+    /// Stops the job's attempt for a restart after the repairer's checkpoint request: the stop's
+    /// checkpoint phase began when it asked (its grace counts from then, and a checkpoint written
+    /// since ends it at once), and SIGUSR1 is not sent again.
+    pub(super) fn begin_stop_after(
+        &self,
+        job: &mut Job,
+        asked: CheckpointAsked,
+        reason: &str,
+        now: u64,
+    ) {
+        let since_ms = asked.at_ms.min(now);
+        Self::open_stop(job, StopCause::Restart, StopPhase::Checkpoint, reason, now, since_ms);
+        if let Some(stop) = job.stop.as_mut() {
+            stop.checkpoint_step_before = asked.step_before;
+        }
+        let what = format!("stopping once the checkpoint asked for is written ({reason})");
+        self.event(EventKind::JobStopping, Severity::Info, None, self.about(job, &what));
+        self.save(job);
+        self.advance_stop(job, now);
+    }
+
     /// Stops the job's attempt starting at `phase`.
     pub(super) fn begin_stop_at(
         &self,
@@ -37,18 +59,7 @@ impl JobQueue {
         reason: &str,
         now: u64,
     ) {
-        if cause == StopCause::Restart {
-            job.goodput.failure_ms = Some(now);
-        }
-        job.stop = Some(Stop {
-            cause,
-            reason: reason.to_owned(),
-            requested_ms: now,
-            phase,
-            phase_since_ms: now,
-            checkpoint_step_before: job.newest_checkpoint_step(),
-        });
-        set_state(job, JobState::Stopping, reason, now);
+        Self::open_stop(job, cause, phase, reason, now, now);
         let sent = self.signal_live(job, phase_signal(phase));
         if !sent.is_empty() {
             let (kind, what) = match phase {
@@ -62,6 +73,29 @@ impl JobQueue {
         }
         self.save(job);
         self.advance_stop(job, now);
+    }
+
+    /// Records the stop (its phase begun at `since_ms`) and turns the job to stopping.
+    fn open_stop(
+        job: &mut Job,
+        cause: StopCause,
+        phase: StopPhase,
+        reason: &str,
+        now: u64,
+        since_ms: u64,
+    ) {
+        if cause == StopCause::Restart {
+            job.goodput.failure_ms = Some(now);
+        }
+        job.stop = Some(Stop {
+            cause,
+            reason: reason.to_owned(),
+            requested_ms: now,
+            phase,
+            phase_since_ms: since_ms,
+            checkpoint_step_before: job.newest_checkpoint_step(),
+        });
+        set_state(job, JobState::Stopping, reason, now);
     }
 
     pub(super) fn advance_stop(&self, job: &mut Job, now: u64) {

@@ -121,17 +121,23 @@ impl JobQueue {
             BTreeMap::new()
         };
         let mut state = self.lock();
-        let drained = state.drained.clone();
+        // A rank is lost on a node that can no longer run it. A drained or draining node still
+        // can: the repair workflow checkpoints and requeues its jobs, the one owner of stopping a
+        // job for a drain.
         let unusable = |node: &str| -> Option<String> {
-            if let Some(drain) = drained.get(node) {
-                return Some(format!("its node was drained ({})", drain.reason));
-            }
-            match not_healthy.get(node) {
-                Some(NodeState::Suspect) | None => None,
-                Some(state) => Some(format!("its node is {state}")),
+            match not_healthy.get(node)? {
+                state @ (NodeState::Unreachable
+                | NodeState::Repairing
+                | NodeState::Validating
+                | NodeState::Quarantined
+                | NodeState::Retired) => Some(format!("its node is {state}")),
+                NodeState::Healthy
+                | NodeState::Suspect
+                | NodeState::Draining
+                | NodeState::Drained => None,
             }
         };
-        // Nodes turn unusable only with a change of state (a drain stops its jobs at once).
+        // Nodes turn unusable only with a change of state.
         let unusable: Option<&Unusable<'_>> = if fleet_changed { Some(&unusable) } else { None };
         let shape = shape(&state);
         let active: Vec<String> =
@@ -550,6 +556,7 @@ impl JobQueue {
         job.master_addr = Some(placement.master_addr);
         job.master_port = Some(placement.master_port);
         job.stop = None;
+        job.checkpoint_asked = None;
         job.ranks = job
             .nodes
             .iter()

@@ -57,8 +57,8 @@ impl MemoryScheduler {
         self.state().jobs.insert(job.to_owned(), nodes.iter().map(|n| (*n).to_owned()).collect());
     }
 
-    /// When `job` is asked to checkpoint it moves to `nodes`, as a scheduler that stops and
-    /// restarts a job on its own (the embedded queue on a drain) may do before the requeue.
+    /// When `job` is asked to checkpoint it moves to `nodes`, as a job may before its requeue
+    /// (it failed meanwhile and its scheduler restarted it elsewhere).
     pub fn move_on_checkpoint(&self, job: &str, nodes: &[&str]) {
         self.state().moves.insert(job.to_owned(), nodes.iter().map(|n| (*n).to_owned()).collect());
     }

@@ -63,7 +63,8 @@ pub enum SchedulerError {
 /// The scheduler operations the repairer needs.
 pub trait Scheduler: Send + Sync {
     fn name(&self) -> &'static str;
-    /// Stops new work on `node`; `reason` starts with [`DRAIN_REASON_PREFIX`]. Idempotent.
+    /// Stops new work on `node`; `reason` starts with [`DRAIN_REASON_PREFIX`]. Idempotent. The
+    /// jobs running there run on: the repair workflow checkpoints and requeues them.
     fn drain<'a>(
         &'a self,
         node: &'a str,
