@@ -20,6 +20,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use fleetmend_proto::backoff::Backoff;
 use fleetmend_proto::{Finding, Report, ReportReply, ReportTrigger, Verdict, WIRE_VERSION};
 
 use crate::commands::Commands;
@@ -174,12 +175,19 @@ impl Reporter {
     /// `backoff_max`, with "equal jitter" (half fixed, half random) so a fleet that lost its
     /// repairer at the same moment does not come back in lockstep.
     pub fn backoff(&self, failures: u32) -> Duration {
-        backoff(self.config.backoff_initial, self.config.backoff_max, failures)
+        self.retries().delay(failures, fastrand::f64())
     }
 
-    /// The wait after a refusal whose `Retry-After` asked for `asked`: see [`after_refusal`].
+    /// The wait after a refusal whose `Retry-After` asked for `asked`: not sooner, at most
+    /// `backoff_max` (a proxy's hour-long `Retry-After` must not silence the node past its
+    /// unreachable window), with jitter on top ([`Backoff::after_asked`]).
     pub fn after_refusal(&self, asked: Duration) -> Duration {
-        after_refusal(asked, self.config.backoff_initial, self.config.backoff_max)
+        self.retries().after_asked(asked, fastrand::f64())
+    }
+
+    /// The configured backoff while the repairer is away.
+    fn retries(&self) -> Backoff {
+        Backoff::new(self.config.backoff_initial, self.config.backoff_max)
     }
 
     /// Reports until the process ends: a startup report, then one every interval, at once on a
@@ -374,52 +382,30 @@ fn retry_after(status: u16, headers: &reqwest::header::HeaderMap) -> Option<Dura
     value.trim().parse::<u64>().ok().map(Duration::from_secs)
 }
 
-/// Not before what the repairer asked (at most `max`: a proxy's hour-long `Retry-After` must not
-/// silence the node past its unreachable window), plus up to half as long again (at least half of
-/// `initial`) at random, so a fleet refused in the same second spreads its retries.
-fn after_refusal(asked: Duration, initial: Duration, max: Duration) -> Duration {
-    let floor = asked.min(max);
-    floor + floor.max(initial).mul_f64(0.5 * fastrand::f64())
-}
-
-fn backoff(initial: Duration, max: Duration, failures: u32) -> Duration {
-    let exponent = failures.saturating_sub(1).min(20);
-    let capped = initial.saturating_mul(1u32 << exponent).min(max);
-    let half = capped / 2;
-    half + half.mul_f64(fastrand::f64())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::RepairerUrls;
 
-    #[test]
-    fn backoff_doubles_up_to_the_cap_with_jitter() {
-        let initial = Duration::from_millis(100);
-        let max = Duration::from_secs(2);
-        for _ in 0..100 {
-            let first = backoff(initial, max, 1);
-            assert!(first >= Duration::from_millis(50) && first <= initial, "{first:?}");
-            let third = backoff(initial, max, 3);
-            assert!(third >= Duration::from_millis(200) && third <= Duration::from_millis(400));
-            let late = backoff(initial, max, 50);
-            assert!(late >= Duration::from_secs(1) && late <= max, "{late:?}");
-        }
+    fn reporter(config: ReportConfig) -> Result<Reporter, ReportError> {
+        let repairer = Some(RepairerUrls::One("http://127.0.0.1:9".to_owned()));
+        Reporter::new(&ReportConfig { repairer, ..config }).map(|r| r.unwrap())
     }
 
     #[test]
-    fn a_refusal_is_waited_out_with_jitter_and_capped() {
-        let (initial, max) = (Duration::from_millis(500), Duration::from_secs(30));
-        let waits: Vec<Duration> =
-            (0..200).map(|_| after_refusal(Duration::from_secs(2), initial, max)).collect();
-        assert!(waits.iter().all(|w| *w >= Duration::from_secs(2) && *w <= Duration::from_secs(3)));
-        // Spread, not one instant for the whole fleet.
-        let (low, high) = (waits.iter().min(), waits.iter().max());
-        assert!(high.zip(low).is_some_and(|(h, l)| *h - *l > Duration::from_millis(200)));
-        let long = after_refusal(Duration::from_secs(3600), initial, max);
-        assert!(long >= max && long <= max + max / 2, "{long:?}");
-        let now = after_refusal(Duration::ZERO, initial, max);
-        assert!(now <= Duration::from_millis(250), "{now:?}");
+    fn retries_wait_within_the_configured_backoff() {
+        let (initial, max) = (Duration::from_millis(100), Duration::from_secs(2));
+        let config =
+            ReportConfig { backoff_initial: initial, backoff_max: max, ..Default::default() };
+        let reporter = reporter(config).unwrap();
+        for _ in 0..50 {
+            let first = reporter.backoff(1);
+            assert!(first >= initial / 2 && first <= initial, "{first:?}");
+            let late = reporter.backoff(50);
+            assert!(late >= max / 2 && late <= max, "{late:?}");
+            let refused = reporter.after_refusal(Duration::from_secs(3600));
+            assert!(refused >= max && refused <= max + max / 2, "{refused:?}");
+        }
     }
 
     #[test]

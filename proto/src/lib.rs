@@ -9,6 +9,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+pub mod backoff;
 pub mod bounds;
 pub mod jobs;
 #[cfg(feature = "openapi")]

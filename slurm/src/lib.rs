@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use fleetmend_process::RunError;
+use fleetmend_proto::backoff::Backoff;
 use tokio::time::Instant;
 
 /// Longest stderr kept in an error, in bytes.
@@ -169,15 +170,15 @@ impl Commands {
         args: &[&str],
     ) -> Result<String, CommandError> {
         let deadline = Instant::now() + self.controller_retry_for;
-        let mut backoff = FIRST_RETRY_BACKOFF.min(self.controller_retry_max_backoff);
+        let backoff = Backoff::new(FIRST_RETRY_BACKOFF, self.controller_retry_max_backoff);
         let mut attempt = 1u32;
         loop {
             match self.run_once(program, args).await {
                 Err(CommandError::Exit { stderr, line, status })
                     if stderr.contains(CONTROLLER_UNREACHABLE) =>
                 {
-                    // Full jitter over the upper half: retries from many calls spread out.
-                    let pause = backoff.mul_f64(0.5 + fastrand::f64() / 2.0);
+                    // Jittered, so that retries from many calls spread out.
+                    let pause = backoff.delay(attempt, fastrand::f64());
                     if Instant::now() + pause >= deadline {
                         return Err(CommandError::Exit {
                             line,
@@ -195,7 +196,6 @@ impl Commands {
                         "slurmctld unreachable; retrying"
                     );
                     tokio::time::sleep(pause).await;
-                    backoff = backoff.saturating_mul(2).min(self.controller_retry_max_backoff);
                     attempt += 1;
                 }
                 other => return other,

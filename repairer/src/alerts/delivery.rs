@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use fleetmend_proto::backoff::Backoff;
 use tokio::task::JoinSet;
 
 use super::{Alerts, Delivery, Sink, outbox, sign};
@@ -175,9 +176,8 @@ fn error_chain(err: &dyn std::error::Error) -> String {
     text
 }
 
-/// The wait before retry number `failures + 1`: `initial * 2^failures` capped at `max`, then
-/// "equal jitter" (half fixed, half random) so sinks that failed together do not retry in step.
+/// The wait before retry number `failures + 1`: `initial * 2^failures` capped at `max`, with
+/// jitter ([`Backoff::delay`]) so sinks that failed together do not retry in step.
 pub fn backoff(initial: Duration, max: Duration, failures: u32) -> Duration {
-    let exponential = initial.saturating_mul(1u32 << failures.min(20));
-    exponential.min(max).mul_f64(0.5 + fastrand::f64() * 0.5)
+    Backoff::new(initial, max).delay(failures.saturating_add(1), fastrand::f64())
 }

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use fleetmend_proto::backoff::Backoff;
 use fleetmend_proto::{EvidenceBundle, NodeCommand, command_kind};
 use tokio::sync::Notify;
 
@@ -363,14 +364,11 @@ fn remember(
     }
 }
 
-/// The capped exponential backoff with jitter after `failures` failures in a row.
+/// The capped exponential backoff with jitter after `failures` failures in a row. The jitter
+/// draws from the thread's generator, which the simulator seeds: a simulated run repeats.
 fn backoff(limits: &Limits, failures: u32) -> Duration {
     let timeouts = &limits.timeouts;
-    let capped = timeouts
-        .retry_initial
-        .saturating_mul(1 << failures.saturating_sub(1).min(16))
-        .min(timeouts.retry_max);
-    capped / 2 + (capped / 2).mul_f64(fastrand::f64())
+    Backoff::new(timeouts.retry_initial, timeouts.retry_max).delay(failures, fastrand::f64())
 }
 
 /// Carries out one effect with the call timeout; the answer goes back to the machine.

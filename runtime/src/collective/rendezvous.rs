@@ -16,6 +16,8 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 use std::{io, thread};
 
+use fleetmend_proto::backoff::Backoff;
+
 use super::wire::{self, Message, MessageError, PROTOCOL_VERSION};
 use super::{CollectiveConfig, Membership, RendezvousError};
 
@@ -31,9 +33,12 @@ const CONNECT_ATTEMPT_LIMIT: Duration = Duration::from_secs(5);
 /// missing instead of timing out with less to say.
 const VERDICT_GRACE: Duration = Duration::from_secs(5);
 
-/// Backoff between connect attempts.
-const BACKOFF_FIRST: Duration = Duration::from_millis(50);
-const BACKOFF_CAP: Duration = Duration::from_secs(2);
+/// Backoff between connect attempts, jittered so that ranks restarted together do not knock on
+/// rank 0 in lockstep.
+const CONNECT_BACKOFF: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+
+/// Backoff between failed accepts: errors such as EMFILE repeat at once.
+const ACCEPT_BACKOFF: Backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1));
 
 /// The two ring connections of a rank.
 #[derive(Debug)]
@@ -363,7 +368,7 @@ pub(super) fn connect_until(
     mut addrs: impl FnMut() -> io::Result<Vec<SocketAddr>>,
     deadline: Instant,
 ) -> io::Result<TcpStream> {
-    let mut backoff = Backoff::new(BACKOFF_FIRST, BACKOFF_CAP);
+    let mut retry = 0u32;
     let mut last_error =
         io::Error::new(io::ErrorKind::TimedOut, "no connection attempt fit in the deadline");
     loop {
@@ -389,27 +394,8 @@ pub(super) fn connect_until(
         if left.is_zero() {
             return Err(last_error);
         }
-        thread::sleep(backoff.next_delay().min(left));
-    }
-}
-
-/// Capped exponential backoff with "equal jitter" (half fixed, half random), so ranks restarted
-/// together do not knock on rank 0 in lockstep.
-#[derive(Debug)]
-pub(super) struct Backoff {
-    next: Duration,
-    cap: Duration,
-}
-
-impl Backoff {
-    pub(super) fn new(first: Duration, cap: Duration) -> Backoff {
-        Backoff { next: first, cap }
-    }
-
-    pub(super) fn next_delay(&mut self) -> Duration {
-        let base = self.next;
-        self.next = (self.next * 2).min(self.cap);
-        base / 2 + base.mul_f64(fastrand::f64() / 2.0)
+        retry = retry.saturating_add(1);
+        thread::sleep(CONNECT_BACKOFF.delay(retry, fastrand::f64()).min(left));
     }
 }
 
@@ -437,7 +423,7 @@ impl Acceptor {
         let stopped = Arc::clone(&stop);
         thread::Builder::new().name("rendezvous-accept".into()).spawn(move || {
             // Errors such as EMFILE repeat at once: back off instead of spinning.
-            let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1));
+            let mut failures = 0u32;
             loop {
                 let accepted = listener.accept();
                 if stopped.load(Ordering::Acquire) {
@@ -448,7 +434,8 @@ impl Acceptor {
                     return;
                 }
                 if failed {
-                    thread::sleep(backoff.next_delay());
+                    failures = failures.saturating_add(1);
+                    thread::sleep(ACCEPT_BACKOFF.delay(failures, fastrand::f64()));
                 }
             }
         })?;
@@ -479,21 +466,6 @@ impl Drop for Acceptor {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_grows_to_its_cap_with_jitter_inside_bounds() {
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_millis(400));
-        let bases = [100, 200, 400, 400, 400];
-        for base in bases {
-            let delay = backoff.next_delay();
-            let base = Duration::from_millis(base);
-            assert!(
-                delay >= base / 2 && delay <= base,
-                "{delay:?} outside [{:?}, {base:?}]",
-                base / 2
-            );
-        }
-    }
 
     #[test]
     fn connect_until_gives_up_at_the_deadline() {
