@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use fleetmend_proto::backoff::Backoff;
+use fleetmend_proto::http_client::{CaFileError, Roots};
 use fleetmend_proto::{Finding, Report, ReportReply, ReportTrigger, Verdict, WIRE_VERSION};
 
 use crate::commands::Commands;
@@ -35,8 +36,8 @@ pub enum ReportError {
     Client(#[source] reqwest::Error),
     #[error("reading the report token from {path}: {source}")]
     Token { path: std::path::PathBuf, source: std::io::Error },
-    #[error("reading the repairer's CA file {path}: {message}")]
-    Ca { path: std::path::PathBuf, message: String },
+    #[error("trusting the repairer's CA: {0}")]
+    Ca(#[from] CaFileError),
     #[error("sending the report to {url}: {}", fleetmend_proto::error_chain(source))]
     Send { url: String, source: reqwest::Error },
     #[error("the repairer at {url} refused the report: HTTP {status}: {body}")]
@@ -85,24 +86,13 @@ impl Reporter {
             ),
             (None, None) => None,
         };
-        // reqwest is built without a bundled crypto provider; install ring once per process. A
-        // second install fails harmlessly when another component did it first.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let mut builder = reqwest::Client::builder()
+        let roots = config.ca_file.as_deref().map_or(Roots::System, Roots::Only);
+        let client = fleetmend_proto::http_client::builder(roots)?
             .timeout(config.timeout)
             .connect_timeout(config.timeout)
-            .user_agent(concat!("fleetmend-agent/", env!("CARGO_PKG_VERSION")));
-        if let Some(path) = &config.ca_file {
-            let ca = |message: String| ReportError::Ca { path: path.clone(), message };
-            let pem = std::fs::read(path).map_err(|e| ca(e.to_string()))?;
-            let roots =
-                reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| ca(e.to_string()))?;
-            if roots.is_empty() {
-                return Err(ca("no certificate in it".to_owned()));
-            }
-            builder = builder.tls_certs_only(roots);
-        }
-        let client = builder.build().map_err(ReportError::Client)?;
+            .user_agent(concat!("fleetmend-agent/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(ReportError::Client)?;
         Ok(Some(Reporter {
             client,
             failover: Failover::new(repairers.clone()),
@@ -406,6 +396,14 @@ mod tests {
             let refused = reporter.after_refusal(Duration::from_secs(3600));
             assert!(refused >= max && refused <= max + max / 2, "{refused:?}");
         }
+    }
+
+    #[test]
+    fn a_ca_file_that_cannot_be_read_stops_the_reporter_naming_it() {
+        let ca_file = Some(std::path::PathBuf::from("/nonexistent/fleetmend-ca.pem"));
+        let err = reporter(ReportConfig { ca_file, ..Default::default() }).unwrap_err();
+        assert!(matches!(err, ReportError::Ca(_)), "{err}");
+        assert!(err.to_string().contains("/nonexistent/fleetmend-ca.pem"), "{err}");
     }
 
     #[test]

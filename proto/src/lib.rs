@@ -11,6 +11,8 @@ use serde::{Deserialize, Serialize};
 
 pub mod backoff;
 pub mod bounds;
+#[cfg(feature = "http-client")]
+pub mod http_client;
 pub mod jobs;
 #[cfg(feature = "openapi")]
 pub mod openapi;

@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use fleetmend_proto::http_client::{CaFileError, Roots};
 use serde::de::DeserializeOwned;
 
 use crate::api::NodeDetail;
@@ -22,8 +23,8 @@ use crate::workflow::KeptEvidence;
 pub enum ClientError {
     #[error("building the HTTP client: {0}")]
     Build(#[source] reqwest::Error),
-    #[error("reading the CA file {path}: {message}")]
-    Ca { path: std::path::PathBuf, message: String },
+    #[error(transparent)]
+    Ca(#[from] CaFileError),
     #[error("{method} {url}: {}", fleetmend_proto::error_chain(source))]
     Send { method: &'static str, url: String, source: reqwest::Error },
     #[error("{method} {url}: HTTP {status}: {message}")]
@@ -82,19 +83,11 @@ impl Client {
         } else {
             vec![base.trim_end_matches('/').to_owned()]
         };
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let mut builder = reqwest::Client::builder().timeout(timeout);
-        if let Some(path) = ca_file {
-            let ca = |message: String| ClientError::Ca { path: path.to_owned(), message };
-            let pem = std::fs::read(path).map_err(|e| ca(e.to_string()))?;
-            let roots =
-                reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| ca(e.to_string()))?;
-            if roots.is_empty() {
-                return Err(ca("no certificate in it".to_owned()));
-            }
-            builder = builder.tls_certs_only(roots);
-        }
-        let http = builder.build().map_err(ClientError::Build)?;
+        let roots = ca_file.map_or(Roots::System, Roots::Only);
+        let http = fleetmend_proto::http_client::builder(roots)?
+            .timeout(timeout)
+            .build()
+            .map_err(ClientError::Build)?;
         Ok(Client { http, bases, token, user: user.to_owned() })
     }
 

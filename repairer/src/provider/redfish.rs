@@ -9,6 +9,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use fleetmend_proto::http_client::{CaFileError, Roots};
 use reqwest::{StatusCode, Url};
 use serde::Deserialize;
 use tokio::time::Instant;
@@ -215,10 +216,8 @@ fn parse_http_url(text: &str) -> Result<Url, String> {
 pub enum RedfishSetupError {
     #[error("reading the Redfish password from {path}: {source}")]
     PasswordFile { path: PathBuf, source: std::io::Error },
-    #[error("reading the CA certificates from {path}: {source}")]
-    CaFile { path: PathBuf, source: std::io::Error },
-    #[error("parsing the CA certificates in {path}: {source}")]
-    CaParse { path: PathBuf, source: reqwest::Error },
+    #[error("trusting the BMCs' CA: {0}")]
+    Ca(#[from] CaFileError),
     #[error("building the Redfish HTTP client: {0}")]
     Client(#[source] reqwest::Error),
 }
@@ -324,23 +323,15 @@ impl RedfishProvider {
             )),
             (None, None) => None,
         };
-        // reqwest is built without a bundled crypto provider; install ring once per process. A
-        // second install fails harmlessly when another component did it first.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let mut builder = reqwest::Client::builder()
+        let roots = config.ca_file.as_deref().map_or(Roots::System, Roots::SystemAnd);
+        let client = fleetmend_proto::http_client::builder(roots)?
             .timeout(config.timeout)
             .connect_timeout(config.timeout)
             .redirect(reqwest::redirect::Policy::limited(MAX_REDIRECTS))
             .user_agent(concat!("fleetmend-repairer/", env!("CARGO_PKG_VERSION")))
-            .tls_danger_accept_invalid_certs(config.insecure_tls);
-        if let Some(path) = &config.ca_file {
-            let pem = std::fs::read(path)
-                .map_err(|source| RedfishSetupError::CaFile { path: path.clone(), source })?;
-            let certificates = reqwest::Certificate::from_pem_bundle(&pem)
-                .map_err(|source| RedfishSetupError::CaParse { path: path.clone(), source })?;
-            builder = builder.tls_certs_merge(certificates);
-        }
-        let client = builder.build().map_err(RedfishSetupError::Client)?;
+            .tls_danger_accept_invalid_certs(config.insecure_tls)
+            .build()
+            .map_err(RedfishSetupError::Client)?;
         Ok(RedfishProvider { client, config, password })
     }
 
