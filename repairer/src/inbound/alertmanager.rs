@@ -3,11 +3,10 @@
 use std::collections::BTreeMap;
 
 use fleetmend_proto::{Finding, RecommendedAction, Status};
-use serde_json::Value;
+use serde::Deserialize;
+use serde::de::{self, Deserializer};
 
-use super::json::{
-    as_object, expected, invalid, join, optional_str, required, required_str, string_map,
-};
+use super::json::{null_as_default, read, whole_number};
 use super::{
     ALERTMANAGER_CHECK, ALERTMANAGER_WEBHOOK_VERSION, InboundAlert, InboundConfig, InboundError,
     LABEL_VALUE_MAX_CHARS, MESSAGE_MAX_CHARS, Placed, SkipReason, SkippedAlert, check_size,
@@ -31,6 +30,53 @@ pub struct AlertmanagerNotification {
     pub skipped_alerts: Vec<SkippedAlert>,
 }
 
+/// The fields of a notification read before the rest: a version this repairer does not read is
+/// refused as such, whatever its other fields hold.
+#[derive(Deserialize)]
+struct Versioned {
+    version: String,
+}
+
+/// Alertmanager's webhook payload (version 4), the fields fleetmend reads.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Payload {
+    #[serde(default, deserialize_with = "null_as_default")]
+    receiver: String,
+    #[serde(default, deserialize_with = "null_as_default")]
+    group_key: String,
+    #[serde(default, deserialize_with = "whole_number")]
+    truncated_alerts: u64,
+    alerts: Vec<Alert>,
+}
+
+#[derive(Deserialize)]
+struct Alert {
+    labels: BTreeMap<String, String>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    annotations: BTreeMap<String, String>,
+    status: AlertStatus,
+}
+
+/// An alert's own `status`: a group can hold firing and resolved alerts.
+struct AlertStatus {
+    firing: bool,
+}
+
+impl<'de> Deserialize<'de> for AlertStatus {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let status = String::deserialize(deserializer)?;
+        match status.as_str() {
+            "firing" => Ok(AlertStatus { firing: true }),
+            "resolved" => Ok(AlertStatus { firing: false }),
+            other => Err(de::Error::custom(format!(
+                "{:?} is neither \"firing\" nor \"resolved\"",
+                truncate(other, 32)
+            ))),
+        }
+    }
+}
+
 /// Parses an Alertmanager webhook notification (payload version 4): one finding per alert that
 /// names a node, `firing` from each alert's own `status` (a group can hold both).
 pub fn parse_alertmanager(
@@ -38,43 +84,25 @@ pub fn parse_alertmanager(
     config: &InboundConfig,
 ) -> Result<AlertmanagerNotification, InboundError> {
     check_size(body, config)?;
-    let root: Value = serde_json::from_slice(body).map_err(InboundError::NotJson)?;
-    let root = as_object(&root, "")?;
-    let version = required(root, "", "version")?;
-    let version = version.as_str().ok_or_else(|| expected("version", "a string", version))?;
+    let Versioned { version } = read(body, "")?;
     if version != ALERTMANAGER_WEBHOOK_VERSION {
-        return Err(InboundError::UnsupportedVersion { found: truncate(version, 32) });
+        return Err(InboundError::UnsupportedVersion { found: truncate(&version, 32) });
     }
-    let receiver = optional_str(root, "", "receiver")?.unwrap_or_default().to_owned();
-    let group_key = optional_str(root, "", "groupKey")?.unwrap_or_default().to_owned();
-    let truncated_alerts = match root.get("truncatedAlerts") {
-        None | Some(Value::Null) => 0,
-        Some(value) => {
-            // `3.0` is a whole number too (JSON Schema's integer), up to 2^53, past which an f64
-            // no longer holds every whole number (and 2^64 and beyond would saturate as u64).
-            const EXACT: f64 = (1u64 << f64::MANTISSA_DIGITS) as f64;
-            let whole = value.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < EXACT);
-            value
-                .as_u64()
-                .or(whole.map(|f| f as u64))
-                .ok_or_else(|| expected("truncatedAlerts", "a whole number", value))?
-        }
-    };
-    let alerts = required(root, "", "alerts")?;
-    let alerts = alerts.as_array().ok_or_else(|| expected("alerts", "an array", alerts))?;
-    if alerts.len() > config.max_alerts {
-        return Err(InboundError::TooManyAlerts { count: alerts.len(), limit: config.max_alerts });
+    let payload: Payload = read(body, "")?;
+    if payload.alerts.len() > config.max_alerts {
+        let count = payload.alerts.len();
+        return Err(InboundError::TooManyAlerts { count, limit: config.max_alerts });
     }
     let mut notification = AlertmanagerNotification {
-        receiver,
-        group_key,
-        truncated_alerts,
-        alerts: Vec::with_capacity(alerts.len()),
+        receiver: payload.receiver,
+        group_key: payload.group_key,
+        truncated_alerts: payload.truncated_alerts,
+        alerts: Vec::with_capacity(payload.alerts.len()),
         skipped: 0,
         skipped_alerts: Vec::new(),
     };
-    for (index, alert) in alerts.iter().enumerate() {
-        match alertmanager_alert(alert, &format!("alerts[{index}]"), config)? {
+    for (index, alert) in payload.alerts.iter().enumerate() {
+        match alertmanager_alert(alert, config) {
             Ok(alert) => notification.alerts.push(alert),
             Err((alertname, reason)) => {
                 notification.skipped_alerts.push(SkippedAlert { index, alertname, reason });
@@ -85,36 +113,20 @@ pub fn parse_alertmanager(
     Ok(notification)
 }
 
-fn alertmanager_alert(
-    alert: &Value,
-    at: &str,
-    config: &InboundConfig,
-) -> Result<Placed, InboundError> {
-    let alert = as_object(alert, at)?;
-    let labels = string_map(required(alert, at, "labels")?, &join(at, "labels"))?;
-    let annotations = match alert.get("annotations") {
-        None | Some(Value::Null) => BTreeMap::new(),
-        Some(value) => string_map(value, &join(at, "annotations"))?,
-    };
-    let firing = match required_str(alert, at, "status")? {
-        "firing" => true,
-        "resolved" => false,
-        other => {
-            return Err(invalid(
-                &join(at, "status"),
-                format!("{:?} is neither \"firing\" nor \"resolved\"", truncate(other, 32)),
-            ));
-        }
-    };
+fn alertmanager_alert(alert: &Alert, config: &InboundConfig) -> Placed {
+    let labels: BTreeMap<&str, &str> =
+        alert.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let annotations = &alert.annotations;
+    let firing = alert.status.firing;
     let alertname = labels.get("alertname").copied().unwrap_or_default();
     let finding_name = snake_case(alertname);
     let shown_name = truncate(alertname, LABEL_VALUE_MAX_CHARS);
     if finding_name.is_empty() {
-        return Ok(Err((shown_name, SkipReason::NoAlertName)));
+        return Err((shown_name, SkipReason::NoAlertName));
     }
     let node = match find_node(&config.node_labels, |name| labels.get(name).copied()) {
         Ok(node) => node,
-        Err(reason) => return Ok(Err((shown_name, reason))),
+        Err(reason) => return Err((shown_name, reason)),
     };
     let status = if firing {
         labels
@@ -147,5 +159,5 @@ fn alertmanager_alert(
             finding.labels.insert(name.clone(), truncate(value, LABEL_VALUE_MAX_CHARS));
         }
     }
-    Ok(Ok(InboundAlert { node, finding, firing }))
+    Ok(InboundAlert { node, finding, firing })
 }

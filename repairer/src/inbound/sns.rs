@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 
 use fleetmend_proto::{Finding, RecommendedAction, Status};
-use serde_json::{Map, Value};
+use serde::Deserialize;
+use serde::de::{self, Deserializer, IgnoredAny};
 
-use super::json::{as_object, expected, invalid, join, optional_str, required, required_str};
+use super::json::{invalid, join, null_as_default, read};
 use super::{
     CLOUDWATCH_CHECK, InboundAlert, InboundConfig, InboundError, LABEL_VALUE_MAX_CHARS,
     MESSAGE_MAX_CHARS, Placed, SkipReason, check_size, find_node, snake_case, truncate,
@@ -46,33 +47,20 @@ pub enum SnsMessage {
 /// with the token in its URL instead.
 pub fn parse_sns(body: &[u8], config: &InboundConfig) -> Result<SnsMessage, InboundError> {
     check_size(body, config)?;
-    let root: Value = serde_json::from_slice(body).map_err(InboundError::NotJson)?;
-    let envelope = as_object(&root, "")?;
-    if !envelope.contains_key("Type") && envelope.contains_key("AlarmName") {
-        return cloudwatch_alarm(envelope, "", config).map(alarm_message);
-    }
-    let kind = required(envelope, "", "Type")?;
-    let kind = kind.as_str().ok_or_else(|| expected("Type", "a string", kind))?;
-    match kind {
+    let kind: Kind = read(body, "")?;
+    let Some(kind) = kind.kind else {
+        if kind.alarm_name.is_some() {
+            return cloudwatch_alarm(body, "", config).map(alarm_message);
+        }
+        return Err(invalid("Type", "missing"));
+    };
+    match kind.as_str() {
         "Notification" => {
-            let message = required(envelope, "", "Message")?;
-            let message = message.as_str().ok_or_else(|| {
-                expected("Message", "a string holding the CloudWatch alarm as JSON", message)
-            })?;
-            let alarm: Value = serde_json::from_str(message).map_err(|err| {
-                invalid(
-                    "Message",
-                    format!("not JSON ({err}); only CloudWatch alarm notifications are understood"),
-                )
-            })?;
-            let alarm = as_object(&alarm, "Message")?;
-            cloudwatch_alarm(alarm, "Message", config).map(alarm_message)
+            let Notification { message } = read(body, "")?;
+            cloudwatch_alarm(message.0.as_bytes(), "Message", config).map(alarm_message)
         }
         "SubscriptionConfirmation" | "UnsubscribeConfirmation" => {
-            let topic_arn = required_str(envelope, "", "TopicArn")?.to_owned();
-            let subscribe_url = required_str(envelope, "", "SubscribeURL")?.to_owned();
-            let token = required_str(envelope, "", "Token")?.to_owned();
-            let message_id = required_str(envelope, "", "MessageId")?.to_owned();
+            let Confirmation { topic_arn, subscribe_url, token, message_id } = read(body, "")?;
             Ok(if kind == "SubscriptionConfirmation" {
                 SnsMessage::SubscriptionConfirmation { topic_arn, subscribe_url, token, message_id }
             } else {
@@ -80,6 +68,138 @@ pub fn parse_sns(body: &[u8], config: &InboundConfig) -> Result<SnsMessage, Inbo
             })
         }
         other => Err(InboundError::UnsupportedSnsType { found: truncate(other, 64) }),
+    }
+}
+
+/// What a body is: an SNS message of a `Type`, or (raw message delivery) a CloudWatch alarm.
+#[derive(Deserialize)]
+struct Kind {
+    #[serde(rename = "Type", default)]
+    kind: Option<String>,
+    #[serde(rename = "AlarmName", default)]
+    alarm_name: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+struct Notification {
+    #[serde(rename = "Message")]
+    message: AlarmText,
+}
+
+/// A notification's `Message`: the CloudWatch alarm as a JSON string.
+struct AlarmText(String);
+
+impl<'de> Deserialize<'de> for AlarmText {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        match serde_json::Value::deserialize(deserializer)? {
+            serde_json::Value::String(text) => Ok(AlarmText(text)),
+            other => Err(de::Error::custom(format!(
+                "expected a string holding the CloudWatch alarm as JSON, found {}",
+                json_type(&other)
+            ))),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct Confirmation {
+    topic_arn: String,
+    #[serde(rename = "SubscribeURL")]
+    subscribe_url: String,
+    token: String,
+    message_id: String,
+}
+
+/// A CloudWatch alarm state change, the fields fleetmend reads.
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct Alarm {
+    alarm_name: String,
+    #[serde(rename = "NewStateValue")]
+    state: AlarmState,
+    #[serde(default, deserialize_with = "null_as_default")]
+    alarm_description: String,
+    #[serde(default, deserialize_with = "null_as_default")]
+    new_state_reason: String,
+    #[serde(default)]
+    trigger: Option<Trigger>,
+}
+
+#[derive(Clone, Copy)]
+enum AlarmState {
+    Alarm,
+    Ok,
+    InsufficientData,
+}
+
+impl<'de> Deserialize<'de> for AlarmState {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let state = String::deserialize(deserializer)?;
+        match state.as_str() {
+            "ALARM" => Ok(AlarmState::Alarm),
+            "OK" => Ok(AlarmState::Ok),
+            "INSUFFICIENT_DATA" => Ok(AlarmState::InsufficientData),
+            other => Err(de::Error::custom(format!(
+                "{:?} is not ALARM, OK or INSUFFICIENT_DATA",
+                truncate(other, 32)
+            ))),
+        }
+    }
+}
+
+/// The alarm's trigger: `Dimensions` for a single-metric alarm, `Metrics` for metric math.
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct Trigger {
+    #[serde(default)]
+    metric_name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    dimensions: Option<Vec<Dimension>>,
+    #[serde(default)]
+    metrics: Option<Vec<MetricQuery>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct MetricQuery {
+    #[serde(default)]
+    metric_stat: Option<MetricStat>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct MetricStat {
+    #[serde(default)]
+    metric: Option<Metric>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct Metric {
+    #[serde(default)]
+    dimensions: Option<Vec<Dimension>>,
+}
+
+/// SNS writes `name`/`value`; the CloudWatch API writes `Name`/`Value`.
+#[derive(Deserialize)]
+struct Dimension {
+    #[serde(alias = "Name")]
+    name: String,
+    #[serde(alias = "Value")]
+    value: String,
+}
+
+fn json_type(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
     }
 }
 
@@ -109,77 +229,50 @@ pub fn is_aws_sns_url(url: &str) -> bool {
 
 /// The dimensions of an alarm's trigger, first value per name: `Trigger.Dimensions` for a
 /// single-metric alarm, else those of `Trigger.Metrics[].MetricStat.Metric` (metric math).
-fn alarm_dimensions<'a>(
-    trigger: &'a Map<String, Value>,
-    at: &str,
-) -> Result<BTreeMap<&'a str, &'a str>, InboundError> {
+fn alarm_dimensions(trigger: &Trigger) -> BTreeMap<&str, &str> {
+    let metrics = trigger.metrics.iter().flatten();
+    let of_metrics = metrics.filter_map(|query| query.metric_stat.as_ref()?.metric.as_ref());
+    let lists = trigger.dimensions.iter().chain(of_metrics.filter_map(|m| m.dimensions.as_ref()));
     let mut dimensions = BTreeMap::new();
-    let mut add = |list: &'a Value, path: &str| -> Result<(), InboundError> {
-        let items = list.as_array().ok_or_else(|| expected(path, "an array", list))?;
-        for (i, item) in items.iter().enumerate() {
-            let path = format!("{path}[{i}]");
-            let item = as_object(item, &path)?;
-            // SNS writes `name`/`value`; the CloudWatch API writes `Name`/`Value`.
-            let field = |lower: &str, upper: &str| -> Result<&'a str, InboundError> {
-                let key = if item.contains_key(lower) { lower } else { upper };
-                required_str(item, &path, key)
-            };
-            let (name, value) = (field("name", "Name")?, field("value", "Value")?);
-            dimensions.entry(name).or_insert(value);
-        }
-        Ok(())
-    };
-    match trigger.get("Dimensions") {
-        None | Some(Value::Null) => {}
-        Some(list) => add(list, &join(at, "Dimensions"))?,
+    for dimension in lists.flatten() {
+        dimensions.entry(dimension.name.as_str()).or_insert(dimension.value.as_str());
     }
-    if let Some(metrics) = trigger.get("Metrics").and_then(Value::as_array) {
-        for (i, metric) in metrics.iter().enumerate() {
-            let list = metric.pointer("/MetricStat/Metric/Dimensions");
-            if let Some(list) = list.filter(|list| !list.is_null()) {
-                add(list, &join(at, &format!("Metrics[{i}].MetricStat.Metric.Dimensions")))?;
-            }
-        }
-    }
-    Ok(dimensions)
+    dimensions
 }
 
+/// Reads the CloudWatch alarm in `text` (found at `at`) and places it on a node.
 pub(super) fn cloudwatch_alarm(
-    alarm: &Map<String, Value>,
+    text: &[u8],
     at: &str,
     config: &InboundConfig,
 ) -> Result<Placed, InboundError> {
-    let alarm_name = required_str(alarm, at, "AlarmName")?;
+    let alarm: Alarm = read(text, at).map_err(|err| match err {
+        InboundError::NotJson(err) if !at.is_empty() => invalid(
+            at,
+            format!("not JSON ({err}); only CloudWatch alarm notifications are understood"),
+        ),
+        other => other,
+    })?;
+    let alarm_name = alarm.alarm_name.as_str();
     let finding_name = snake_case(alarm_name);
     if finding_name.is_empty() {
         return Err(invalid(&join(at, "AlarmName"), "has no letters or digits"));
     }
     let shown_name = truncate(alarm_name, LABEL_VALUE_MAX_CHARS);
-    let state = required_str(alarm, at, "NewStateValue")?;
-    let (firing, status) = match state {
-        "ALARM" => (true, config.alarm_status),
-        "OK" => (false, Status::Ok),
-        "INSUFFICIENT_DATA" => {
+    let (firing, status, state) = match alarm.state {
+        AlarmState::Alarm => (true, config.alarm_status, "ALARM"),
+        AlarmState::Ok => (false, Status::Ok, "OK"),
+        AlarmState::InsufficientData => {
             return Ok(Err((shown_name, SkipReason::InsufficientData)));
         }
-        other => {
-            return Err(invalid(
-                &join(at, "NewStateValue"),
-                format!("{:?} is not ALARM, OK or INSUFFICIENT_DATA", truncate(other, 32)),
-            ));
-        }
     };
-    let trigger_at = join(at, "Trigger");
-    let (dimensions, metric, namespace) = match alarm.get("Trigger") {
-        None | Some(Value::Null) => (BTreeMap::new(), None, None),
-        Some(trigger) => {
-            let trigger = as_object(trigger, &trigger_at)?;
-            (
-                alarm_dimensions(trigger, &trigger_at)?,
-                optional_str(trigger, &trigger_at, "MetricName")?,
-                optional_str(trigger, &trigger_at, "Namespace")?,
-            )
-        }
+    let (dimensions, metric, namespace) = match &alarm.trigger {
+        None => (BTreeMap::new(), None, None),
+        Some(trigger) => (
+            alarm_dimensions(trigger),
+            trigger.metric_name.as_deref(),
+            trigger.namespace.as_deref(),
+        ),
     };
     let node = match find_node(&config.node_dimensions, |name| dimensions.get(name).copied()) {
         Ok(node) => node,
@@ -190,8 +283,8 @@ pub(super) fn cloudwatch_alarm(
     } else {
         dimensions.get(config.subject_dimension.as_str()).copied().unwrap_or_default()
     };
-    let description = optional_str(alarm, at, "AlarmDescription")?.unwrap_or_default().trim();
-    let reason = optional_str(alarm, at, "NewStateReason")?.unwrap_or_default().trim();
+    let description = alarm.alarm_description.trim();
+    let reason = alarm.new_state_reason.trim();
     let message = match (description.is_empty(), reason.is_empty()) {
         (false, false) => format!("{description}: {reason}"),
         (false, true) => description.to_owned(),

@@ -396,14 +396,14 @@ fn cloudwatch_ok_resolves_and_insufficient_data_is_skipped() {
 
     alarm["NewStateValue"] = json!("INSUFFICIENT_DATA");
     assert_eq!(sns(&notification_with(&alarm)).unwrap(), SnsMessage::Alarm(None));
-    let placed = cloudwatch_alarm(alarm.as_object().unwrap(), "", &config()).unwrap();
+    let placed = cloudwatch_alarm(alarm.to_string().as_bytes(), "", &config()).unwrap();
     assert_eq!(placed, Err(("GpuXidErrors-i-0abc".into(), SkipReason::InsufficientData)));
 
     alarm["NewStateValue"] = json!("ALARM");
     alarm["Trigger"]["Dimensions"] = json!([{"name": "AutoScalingGroupName", "value": "asg"}]);
     assert_eq!(sns(&notification_with(&alarm)).unwrap(), SnsMessage::Alarm(None));
     let (_, reason) =
-        cloudwatch_alarm(alarm.as_object().unwrap(), "", &config()).unwrap().unwrap_err();
+        cloudwatch_alarm(alarm.to_string().as_bytes(), "", &config()).unwrap().unwrap_err();
     assert_eq!(reason.to_string(), "names no node (looked for node, InstanceId)");
 }
 
@@ -515,7 +515,7 @@ fn malformed_sns_messages_name_the_field() {
             notification_with(&bad_state),
             "Message.NewStateValue: \"PANIC\" is not ALARM, OK or INSUFFICIENT_DATA",
         ),
-        (notification_with(&bad_dimension), "Message.Trigger.Dimensions[0].Value: missing"),
+        (notification_with(&bad_dimension), "Message.Trigger.Dimensions[0].value: missing"),
         (notification_with(&bad_trigger), "Message.Trigger: expected an object, found a string"),
         (notification_with(&no_name), "Message.AlarmName: missing"),
     ];
