@@ -1,5 +1,6 @@
 //! Slurm's client commands as fleetmend runs them, for the repairer's Slurm scheduler, provider
-//! and inventory and for a node's own drain (`fleetmend agent --once --slurm-drain`): each with a
+//! and inventory and for a node's own drain (`fleetmend agent --once --slurm-drain`): every
+//! command line fleetmend sends to Slurm is a method of [`Commands`] here, each run with a
 //! timeout that kills it, its output bounded, retried with capped exponential backoff and jitter
 //! while slurmctld cannot be reached (the command did nothing), and `scontrol show node` parsed.
 //! What a failure means to its caller (an unknown node, a scheduler error) is the caller's to say.
@@ -276,6 +277,113 @@ impl Commands {
             .await
             .map(drop)
     }
+
+    /// `scontrol update NodeName=NAME State=RESUME`.
+    pub async fn resume(&self, operation: &str, name: &str) -> Result<(), CommandError> {
+        let name_arg = format!("NodeName={name}");
+        self.run(operation, "scontrol", &["update", &name_arg, "State=RESUME"]).await.map(drop)
+    }
+
+    /// `scontrol reboot ASAP nextstate=DOWN reason=REASON NAME`: the node reboots once its jobs
+    /// are gone and stays down until it is resumed.
+    pub async fn reboot(
+        &self,
+        operation: &str,
+        name: &str,
+        reason: &str,
+    ) -> Result<(), CommandError> {
+        let args = reboot_args(name, reason);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.run(operation, "scontrol", &args).await.map(drop)
+    }
+
+    /// `scontrol -o show nodes`: one line per node.
+    pub async fn show_nodes(&self, operation: &str) -> Result<String, CommandError> {
+        self.run(operation, "scontrol", &["-o", "show", "nodes"]).await
+    }
+
+    /// `scontrol show hostnames LIST`: the node names a node list (`gpu[1-4]`) stands for.
+    pub async fn hostnames(
+        &self,
+        operation: &str,
+        list: &str,
+    ) -> Result<Vec<String>, CommandError> {
+        let stdout = self.run(operation, "scontrol", &["show", "hostnames", list]).await?;
+        Ok(non_empty_lines(&stdout).map(str::to_owned).collect())
+    }
+
+    /// `sinfo -h -N -o %N|%T|%E`: a line `NAME|STATE|REASON` per node.
+    pub async fn node_states(&self, operation: &str) -> Result<String, CommandError> {
+        self.run(operation, "sinfo", &["-h", "-N", "-o", "%N|%T|%E"]).await
+    }
+
+    /// `squeue -h -t all -j JOB -o %T`: the job's state; `None` where Slurm lists none.
+    pub async fn job_state(
+        &self,
+        operation: &str,
+        job: &str,
+    ) -> Result<Option<String>, CommandError> {
+        let stdout =
+            self.run(operation, "squeue", &["-h", "-t", "all", "-j", job, "-o", "%T"]).await?;
+        Ok(non_empty_lines(&stdout).next().map(str::to_owned))
+    }
+
+    /// `squeue -h -w NAME -t RUNNING,SUSPENDED,CONFIGURING -o %i|%N`: each job running on the
+    /// node, with its node list.
+    pub async fn jobs_on(
+        &self,
+        operation: &str,
+        name: &str,
+    ) -> Result<Vec<(String, String)>, CommandError> {
+        let states = "RUNNING,SUSPENDED,CONFIGURING";
+        let stdout =
+            self.run(operation, "squeue", &["-h", "-w", name, "-t", states, "-o", "%i|%N"]).await?;
+        Ok(non_empty_lines(&stdout)
+            .filter_map(|line| line.split_once('|'))
+            .map(|(id, nodes)| (id.trim().to_owned(), nodes.trim().to_owned()))
+            .collect())
+    }
+
+    /// `squeue -h -t PD -o %i|%D|%r`: a line `JOB|NODES|REASON` per pending job.
+    pub async fn pending_jobs(&self, operation: &str) -> Result<String, CommandError> {
+        self.run(operation, "squeue", &["-h", "-t", "PD", "-o", "%i|%D|%r"]).await
+    }
+
+    /// `scancel --signal=SIGNAL --full JOB`: `--full` reaches the batch script and every step
+    /// (plain `--signal` skips the batch shell).
+    pub async fn signal_job(
+        &self,
+        operation: &str,
+        job: &str,
+        signal: &str,
+    ) -> Result<(), CommandError> {
+        let signal_arg = format!("--signal={signal}");
+        self.run(operation, "scancel", &[&signal_arg, "--full", job]).await.map(drop)
+    }
+
+    /// `scontrol requeue JOB`.
+    pub async fn requeue(&self, operation: &str, job: &str) -> Result<(), CommandError> {
+        self.run(operation, "scontrol", &["requeue", job]).await.map(drop)
+    }
+
+    /// `scontrol update JobId=JOB StartTime=now`.
+    pub async fn start_now(&self, operation: &str, job: &str) -> Result<(), CommandError> {
+        let job_arg = format!("JobId={job}");
+        self.run(operation, "scontrol", &["update", &job_arg, "StartTime=now"]).await.map(drop)
+    }
+}
+
+/// The `scontrol` arguments that reboot `name` (see [`Commands::reboot`]).
+pub fn reboot_args(name: &str, reason: &str) -> Vec<String> {
+    ["reboot", "ASAP", "nextstate=DOWN"]
+        .into_iter()
+        .map(str::to_owned)
+        .chain([format!("reason={reason}"), name.to_owned()])
+        .collect()
+}
+
+fn non_empty_lines(text: &str) -> impl Iterator<Item = &str> {
+    text.lines().map(str::trim).filter(|line| !line.is_empty())
 }
 
 #[cfg(test)]

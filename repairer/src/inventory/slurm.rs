@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use crate::scheduler::slurm::{SlurmConfig, SlurmScheduler};
+use crate::scheduler::slurm::{SlurmConfig, SlurmScheduler, listing_error};
 
 /// What `scontrol show nodes` prints when slurmctld knows no node.
 const NO_NODES: &str = "No nodes in the system";
@@ -57,11 +57,9 @@ impl SlurmNodeList {
 
     /// Every node Slurm knows, by fleetmend's names.
     pub async fn read(&self) -> Result<BTreeSet<String>, String> {
-        let text = self
-            .scheduler
-            .run_listing("inventory", "scontrol", &["-o", "show", "nodes"])
-            .await
-            .map_err(|err| err.to_string())?;
+        let operation = "inventory";
+        let text = (self.scheduler.commands().show_nodes(operation).await)
+            .map_err(|err| listing_error(operation)(err).to_string())?;
         let (names, skipped) = parse_show_nodes(&text)?;
         if !skipped.is_empty() {
             tracing::warn!(

@@ -18,7 +18,7 @@
 use serde::Deserialize;
 
 use super::{PowerState, Provider, ProviderError, check_substitutable_node_name};
-use crate::scheduler::slurm::{SlurmConfig, SlurmNode, SlurmScheduler};
+use crate::scheduler::slurm::{SlurmConfig, SlurmNode, SlurmScheduler, node_error};
 use crate::scheduler::{BoxFuture, SchedulerError};
 
 const PROVIDER: &str = "slurm";
@@ -48,13 +48,7 @@ impl SlurmProvider {
 
     /// The `scontrol` arguments that reboot fleetmend's `node`, whose Slurm state is `current`.
     pub fn reboot_args(&self, node: &str, current: &SlurmNode) -> Vec<String> {
-        vec![
-            "reboot".to_owned(),
-            "ASAP".to_owned(),
-            "nextstate=DOWN".to_owned(),
-            format!("reason={}", reboot_reason(current)),
-            self.slurm.slurm_name(node).to_owned(),
-        ]
+        fleetmend_slurm::reboot_args(self.slurm.slurm_name(node), &reboot_reason(current))
     }
 
     fn error(&self, operation: &'static str, node: &str, err: SchedulerError) -> ProviderError {
@@ -133,12 +127,11 @@ impl Provider for SlurmProvider {
                 .show_node_for("reboot", node)
                 .await
                 .map_err(|err| self.error("reboot", node, err))?;
-            let args = self.reboot_args(node, &current);
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            self.slurm
-                .run_for_node("reboot", node, "scontrol", &args)
+            let operation = "reboot";
+            (self.slurm.commands())
+                .reboot(operation, self.slurm.slurm_name(node), &reboot_reason(&current))
                 .await
-                .map_err(|err| self.error("reboot", node, err))?;
+                .map_err(|err| self.error(operation, node, node_error(operation, node)(err)))?;
             tracing::info!(
                 node,
                 slurm_node = self.slurm.slurm_name(node),

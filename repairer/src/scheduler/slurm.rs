@@ -130,11 +130,6 @@ fn reason_is_ours(node: &SlurmNode) -> bool {
     node.reason.as_deref().is_some_and(|r| r.starts_with(DRAIN_REASON_PREFIX))
 }
 
-/// A Slurm command's result.
-struct Output {
-    stdout: String,
-}
-
 /// The Slurm backend.
 #[derive(Debug, Clone)]
 pub struct SlurmScheduler {
@@ -191,48 +186,10 @@ impl SlurmScheduler {
         &self.config
     }
 
-    /// Runs one Slurm command about fleetmend's `node` (with the timeout, and retried while
-    /// slurmctld is unreachable); its stdout. Slurm's "not found" is
-    /// [`SchedulerError::UnknownNode`]. For other users of Slurm's commands (the `slurm`
-    /// provider).
-    pub(crate) async fn run_for_node(
-        &self,
-        operation: &'static str,
-        node: &str,
-        program: &str,
-        args: &[&str],
-    ) -> Result<String, SchedulerError> {
-        self.run(operation, program, args)
-            .await
-            .map(|output| output.stdout)
-            .map_err(|failure| failure.node_error(node))
-    }
-
-    /// Runs one Slurm command about no node or job in particular (a listing); its stdout.
-    pub(crate) async fn run_listing(
-        &self,
-        operation: &'static str,
-        program: &str,
-        args: &[&str],
-    ) -> Result<String, SchedulerError> {
-        self.run(operation, program, args)
-            .await
-            .map(|output| output.stdout)
-            .map_err(CommandFailure::into_error)
-    }
-
-    /// Runs one Slurm command (see [`Commands::run`]); its stdout.
-    async fn run(
-        &self,
-        operation: &'static str,
-        program: &str,
-        args: &[&str],
-    ) -> Result<Output, CommandFailure> {
-        self.commands
-            .run(operation, program, args)
-            .await
-            .map(|stdout| Output { stdout })
-            .map_err(|error| CommandFailure { operation, error })
+    /// Slurm's commands as this scheduler runs them (the timeout, the retries while slurmctld is
+    /// unreachable), for other users of Slurm (the `slurm` provider, the inventory, the spares).
+    pub(crate) fn commands(&self) -> &Commands {
+        &self.commands
     }
 
     /// What Slurm says about fleetmend's `node`.
@@ -248,7 +205,7 @@ impl SlurmScheduler {
         self.commands
             .show_node(operation, self.slurm_name(node))
             .await
-            .map_err(|error| CommandFailure { operation, error }.node_error(node))
+            .map_err(node_error(operation, node))
     }
 
     /// The state (`PENDING`, `RUNNING`, `COMPLETING`...) of `job`.
@@ -262,16 +219,10 @@ impl SlurmScheduler {
         job: &str,
     ) -> Result<String, SchedulerError> {
         check_job_id(operation, job)?;
-        let output = self
-            .run(operation, "squeue", &["-h", "-t", "all", "-j", job, "-o", "%T"])
+        self.commands
+            .job_state(operation, job)
             .await
-            .map_err(|failure| failure.job_error(job))?;
-        output
-            .stdout
-            .lines()
-            .map(str::trim)
-            .find(|l| !l.is_empty())
-            .map(str::to_owned)
+            .map_err(job_error(operation, job))?
             .ok_or_else(|| SchedulerError::UnknownJob { scheduler: NAME, job: job.to_owned() })
     }
 }
@@ -323,6 +274,31 @@ impl CommandFailure {
     }
 }
 
+/// A failed command of `operation` about no node or job in particular, as a scheduler error.
+pub(crate) fn listing_error(
+    operation: &'static str,
+) -> impl FnOnce(CommandError) -> SchedulerError {
+    move |error| CommandFailure { operation, error }.into_error()
+}
+
+/// A failed command of `operation` about fleetmend's `node`: Slurm's "not found" is
+/// [`SchedulerError::UnknownNode`].
+pub(crate) fn node_error<'a>(
+    operation: &'static str,
+    node: &'a str,
+) -> impl FnOnce(CommandError) -> SchedulerError + 'a {
+    move |error| CommandFailure { operation, error }.node_error(node)
+}
+
+/// A failed command of `operation` about `job`: Slurm's "Invalid job id" is
+/// [`SchedulerError::UnknownJob`].
+fn job_error<'a>(
+    operation: &'static str,
+    job: &'a str,
+) -> impl FnOnce(CommandError) -> SchedulerError + 'a {
+    move |error| CommandFailure { operation, error }.job_error(job)
+}
+
 impl Scheduler for SlurmScheduler {
     fn name(&self) -> &'static str {
         NAME
@@ -345,7 +321,7 @@ impl Scheduler for SlurmScheduler {
             self.commands
                 .drain(operation, self.slurm_name(node), reason)
                 .await
-                .map_err(|error| CommandFailure { operation, error }.node_error(node))
+                .map_err(node_error(operation, node))
         })
     }
 
@@ -377,42 +353,32 @@ impl Scheduler for SlurmScheduler {
                     ),
                 });
             }
-            let name_arg = format!("NodeName={}", self.slurm_name(node));
-            self.run("undrain", "scontrol", &["update", &name_arg, "State=RESUME"])
+            let operation = "undrain";
+            self.commands
+                .resume(operation, self.slurm_name(node))
                 .await
-                .map_err(|failure| failure.node_error(node))?;
+                .map_err(node_error(operation, node))?;
             Ok(UndrainOutcome::Undrained)
         })
     }
 
     fn jobs_on<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<Vec<JobRef>, SchedulerError>> {
         Box::pin(async move {
-            let name = self.slurm_name(node);
-            let output = self
-                .run(
-                    "jobs_on",
-                    "squeue",
-                    &["-h", "-w", name, "-t", "RUNNING,SUSPENDED,CONFIGURING", "-o", "%i|%N"],
-                )
+            let operation = "jobs_on";
+            let running = self
+                .commands
+                .jobs_on(operation, self.slurm_name(node))
                 .await
-                .map_err(|failure| failure.node_error(node))?;
+                .map_err(node_error(operation, node))?;
             let mut jobs = Vec::new();
-            for line in output.stdout.lines() {
-                let Some((id, nodelist)) = line.trim().split_once('|') else {
-                    continue;
-                };
+            for (id, nodelist) in running {
                 let hostnames = self
-                    .run("jobs_on", "scontrol", &["show", "hostnames", nodelist])
+                    .commands
+                    .hostnames(operation, &nodelist)
                     .await
-                    .map_err(CommandFailure::into_error)?;
-                let nodes = hostnames
-                    .stdout
-                    .lines()
-                    .map(str::trim)
-                    .filter(|n| !n.is_empty())
-                    .map(|n| self.fleetmend_name(n).to_owned())
-                    .collect();
-                jobs.push(JobRef { id: id.trim().to_owned(), nodes });
+                    .map_err(listing_error(operation))?;
+                let nodes = hostnames.iter().map(|n| self.fleetmend_name(n).to_owned()).collect();
+                jobs.push(JobRef { id, nodes });
             }
             Ok(jobs)
         })
@@ -420,21 +386,20 @@ impl Scheduler for SlurmScheduler {
 
     fn checkpoint<'a>(&'a self, job: &'a str) -> BoxFuture<'a, Result<(), SchedulerError>> {
         Box::pin(async move {
-            check_job_id("checkpoint", job)?;
-            // --full: the batch script and every step (plain --signal skips the batch shell).
-            self.run("checkpoint", "scancel", &["--signal=USR1", "--full", job])
+            let operation = "checkpoint";
+            check_job_id(operation, job)?;
+            self.commands
+                .signal_job(operation, job, "USR1")
                 .await
-                .map_err(|failure| failure.job_error(job))?;
-            Ok(())
+                .map_err(job_error(operation, job))
         })
     }
 
     fn requeue<'a>(&'a self, job: &'a str) -> BoxFuture<'a, Result<(), SchedulerError>> {
         Box::pin(async move {
-            check_job_id("requeue", job)?;
-            self.run("requeue", "scontrol", &["requeue", job])
-                .await
-                .map_err(|failure| failure.job_error(job))?;
+            let operation = "requeue";
+            check_job_id(operation, job)?;
+            self.commands.requeue(operation, job).await.map_err(job_error(operation, job))?;
             // Slurm sets BeginTime ~120 s ahead when the requeued job leaves COMPLETING; a
             // StartTime set before then is overwritten, so wait for it to be pending first.
             let deadline = Instant::now() + self.config.requeue_settle_timeout;
@@ -456,10 +421,7 @@ impl Scheduler for SlurmScheduler {
                 }
                 tokio::time::sleep(REQUEUE_POLL).await;
             }
-            let job_arg = format!("JobId={job}");
-            self.run("requeue", "scontrol", &["update", &job_arg, "StartTime=now"])
-                .await
-                .map_err(|failure| failure.job_error(job))?;
+            self.commands.start_now(operation, job).await.map_err(job_error(operation, job))?;
             self.requeued
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)

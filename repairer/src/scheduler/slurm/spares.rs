@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use super::{NAME, SlurmScheduler};
+use super::{NAME, SlurmScheduler, listing_error};
 use crate::clock::SharedClock;
 use crate::model::{Actor, Event, EventKind, NodeState, Severity};
 use crate::nodes::Nodes;
@@ -176,16 +176,15 @@ impl SlurmSpares {
     /// One pass: reads Slurm, plans, writes each step's event, then carries it out.
     pub async fn pass(&self) -> Result<(), SchedulerError> {
         let scheduler = &self.scheduler;
-        let listing =
-            scheduler.run_listing("spares", "sinfo", &["-h", "-N", "-o", "%N|%T|%E"]).await?;
+        let operation = "spares";
+        let slurm = scheduler.commands();
+        let listing = slurm.node_states(operation).await.map_err(listing_error(operation))?;
         let nodes = parse_nodes(&listing);
         let pool = scheduler.config().spare_pool as usize;
         if !nodes.iter().any(NodeLine::is_spare) && pool == 0 {
             return Ok(());
         }
-        let pending = scheduler
-            .run_listing("spares", "squeue", &["-h", "-t", "PD", "-o", "%i|%D|%r"])
-            .await?;
+        let pending = slurm.pending_jobs(operation).await.map_err(listing_error(operation))?;
         let pending = parse_pending(&pending);
         let healthy = |slurm_name: &str| {
             let name = scheduler.fleetmend_name(slurm_name);
@@ -200,23 +199,12 @@ impl SlurmSpares {
             let reason = format!("spare {node} put to work: {}", plan.why);
             self.record(EventKind::SpareTaken, &node, reason, now)?;
             tracing::info!(node, job, "releasing a hot spare for a Slurm job short of nodes");
-            let name_arg = format!("NodeName={spare}");
-            scheduler
-                .run_listing("spares", "scontrol", &["update", &name_arg, "State=RESUME"])
-                .await?;
+            slurm.resume(operation, spare).await.map_err(listing_error(operation))?;
         }
         for idle in &plan.hold {
             let node = scheduler.fleetmend_name(idle).to_owned();
             self.record(EventKind::SpareHeld, &node, plan.why.clone(), now)?;
-            let (name_arg, reason_arg) =
-                (format!("NodeName={idle}"), format!("Reason={SPARE_REASON}"));
-            scheduler
-                .run_listing(
-                    "spares",
-                    "scontrol",
-                    &["update", &name_arg, "State=DRAIN", &reason_arg],
-                )
-                .await?;
+            slurm.drain(operation, idle, SPARE_REASON).await.map_err(listing_error(operation))?;
         }
         Ok(())
     }
