@@ -12,6 +12,8 @@ use fleetmend_listener::ListenerConfig;
 use serde::Deserialize;
 
 pub use crate::evidence::{EvidenceCommand, EvidenceConfig};
+// The checks, the evidence and the simulator name these as the agent's config's.
+pub use fleetmend_proto::config_problem::{ConfigProblem, ConfigProblems};
 
 use crate::checks::{
     disk::DiskConfig, gpu::GpuConfig, host::HostConfig, kernel_log::KernelLogConfig,
@@ -415,60 +417,6 @@ impl Schedule {
                 ),
             );
         }
-    }
-}
-
-/// One thing wrong with a config, naming the field.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigProblem {
-    pub field: String,
-    pub message: String,
-}
-
-/// Every problem found in a config.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ConfigProblems(pub Vec<ConfigProblem>);
-
-impl ConfigProblems {
-    pub fn push(&mut self, field: impl Into<String>, message: impl Into<String>) {
-        self.0.push(ConfigProblem { field: field.into(), message: message.into() });
-    }
-
-    /// Adds `others`, each field under `prefix` (`catalog.` + `categories[2].count`).
-    pub fn extend_under(&mut self, prefix: &str, others: ConfigProblems) {
-        self.0.extend(others.0.into_iter().map(|problem| ConfigProblem {
-            field: format!("{prefix}{}", problem.field),
-            message: problem.message,
-        }));
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = &ConfigProblem> {
-        self.0.iter()
-    }
-
-    /// Whether a problem names `field`.
-    pub fn names(&self, field: &str) -> bool {
-        self.0.iter().any(|problem| problem.field == field)
-    }
-}
-
-impl fmt::Display for ConfigProblems {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, problem) in self.0.iter().enumerate() {
-            if i > 0 {
-                writeln!(f)?;
-            }
-            write!(f, "  {}: {}", problem.field, problem.message)?;
-        }
-        Ok(())
     }
 }
 

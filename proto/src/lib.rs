@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod backoff;
 pub mod bounds;
+pub mod config_problem;
 #[cfg(feature = "http-client")]
 pub mod http_client;
 pub mod jobs;

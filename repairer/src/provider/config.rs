@@ -9,7 +9,6 @@
 //!
 //! `kind = "slurm"` has no fields: it reboots with `scontrol reboot` using the `[slurm]` section.
 
-use std::fmt;
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -21,6 +20,9 @@ use super::redfish::{RedfishProvider, RedfishProviderConfig, RedfishSetupError};
 use super::slurm::{SlurmProvider, SlurmProviderConfig};
 use crate::commands::CommandQueue;
 use crate::scheduler::slurm::SlurmConfig;
+
+// The backends' validations (command, redfish) name it as this module's.
+pub use fleetmend_proto::config_problem::ConfigProblem;
 
 /// The provider backend and its settings, chosen by `kind`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -41,26 +43,6 @@ impl Default for ProviderConfig {
     /// The agent backend: it needs no setup and works wherever agents report.
     fn default() -> ProviderConfig {
         ProviderConfig::Agent(AgentProviderConfig::default())
-    }
-}
-
-/// One thing wrong with a config, naming the field.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigProblem {
-    /// The dotted path of the field, e.g. `provider.reboot_timeout`.
-    pub field: String,
-    pub message: String,
-}
-
-impl ConfigProblem {
-    pub fn new(field: impl Into<String>, message: impl Into<String>) -> ConfigProblem {
-        ConfigProblem { field: field.into(), message: message.into() }
-    }
-}
-
-impl fmt::Display for ConfigProblem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field, self.message)
     }
 }
 
