@@ -19,6 +19,7 @@ pub mod jobs;
 pub mod openapi;
 pub mod probes;
 pub mod repairers;
+pub mod stats;
 
 pub use jobs::{
     Progress, ProgressReply, RankKey, RankSignal, RankState, RankStatus, RunRank, SignalRank,

@@ -41,6 +41,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use fleetmend_proto::stats::nearest_rank;
 use fleetmend_proto::{
     CheckRun, Finding, RecommendedAction, Report, ReportTrigger, Status, Verdict, WIRE_VERSION,
 };
@@ -521,17 +522,10 @@ impl PhaseResult {
         self.requests as f64 / self.wall_s
     }
 
+    /// The nearest-rank `q` quantile of the latencies, in milliseconds (0 when there are none).
     fn quantile_ms(&self, q: f64) -> f64 {
-        quantile(&self.latencies_us, q) as f64 / 1000.0
+        nearest_rank(&self.latencies_us, q).map_or(0.0, |us| f64::from(us) / 1000.0)
     }
-}
-
-fn quantile(sorted: &[u32], q: f64) -> u32 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
 }
 
 enum Pace {
@@ -931,7 +925,7 @@ async fn run_storm(
     let open_before = breaker_open(shared.addr).await;
     let (replies_ms, refused, burst_s) = send_storm(shared.clone(), &storm).await;
     let open_after = breaker_open(shared.addr).await;
-    let q = |v: &[f64], q: f64| percentile(v, q);
+    let q = percentile;
     println!(
         "storm: {} fatal reports over {} connections at once in {:.2} s; their answers p50 \
          {:.1} ms, p99 {:.1} ms, max {:.1} ms ({refused} refused); breaker before {}, after {}",
@@ -995,12 +989,9 @@ fn open_word(open: Option<bool>) -> &'static str {
     }
 }
 
-/// The `q` quantile of sorted values (NaN when empty).
+/// The nearest-rank `q` quantile of sorted values (NaN when empty).
 fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1]
+    nearest_rank(sorted, q).unwrap_or(f64::NAN)
 }
 
 // --- the run -----------------------------------------------------------------------------------
@@ -1140,13 +1131,7 @@ async fn run(options: Options) -> Result<(), LoadError> {
     let mut replies: Vec<f64> = fatal_sent.iter().map(|f| f.reply_ms).collect();
     replies.sort_by(f64::total_cmp);
     let refused = fatal_sent.iter().filter(|f| f.status != Some(200)).count();
-    let q = |v: &[f64], q: f64| {
-        if v.is_empty() {
-            f64::NAN
-        } else {
-            v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1]
-        }
-    };
+    let q = percentile;
     println!(
         "fatal finding -> drain call: {} of {} nodes drained; from sending the report to the \
          drain (audit log, ms resolution): p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms; the fatal \

@@ -41,6 +41,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use fleetmend_proto::stats::nearest_rank;
 use fleetmend_proto::{
     CheckRun, CommandResult, Report, ReportReply, ReportTrigger, Status, Verdict, WIRE_VERSION,
     command_kind,
@@ -943,12 +944,9 @@ fn check_faults(
 
 // --- latency and memory ------------------------------------------------------------------------
 
+/// The nearest-rank `q` quantile of sorted microseconds, in milliseconds (NaN when empty).
 fn percentile_ms(sorted_us: &[u32], q: f64) -> f64 {
-    if sorted_us.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((q * sorted_us.len() as f64).ceil() as usize).clamp(1, sorted_us.len());
-    sorted_us[rank - 1] as f64 / 1000.0
+    nearest_rank(sorted_us, q).map_or(f64::NAN, |us| f64::from(us) / 1000.0)
 }
 
 /// The samples that finished in `[from, to)` (sorted by time).

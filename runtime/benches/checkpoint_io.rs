@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+use fleetmend_proto::stats::median;
 use fleetmend_runtime::checkpoint::{self, CheckpointWriter};
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -114,13 +115,6 @@ fn machine_cpu() -> (u64, u64) {
     // idle and iowait
     let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
     (total - idle, total)
-}
-
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let mid = sorted.len() / 2;
-    if sorted.len() % 2 == 1 { sorted[mid] } else { (sorted[mid - 1] + sorted[mid]) / 2.0 }
 }
 
 fn main() {
@@ -251,7 +245,8 @@ fn main() {
     let cpu_after = machine_cpu();
     let busy = (cpu_after.0 - cpu_before.0) as f64 / (cpu_after.1 - cpu_before.1).max(1) as f64;
 
-    let mbs = |series: &[f64]| bytes as f64 / median(series) / 1e6;
+    let mbs =
+        |series: &[f64]| bytes as f64 / median(series.iter().copied()).unwrap_or(f64::NAN) / 1e6;
     let (dd_w, ck_w, ck_ws, dd_r, ck_l, ck_2, sha) = (
         mbs(dd_write),
         mbs(ckpt_write),

@@ -28,6 +28,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use fleetmend_proto::stats::median;
 use fleetmend_runtime::collective::{
     CollectiveConfig, Communicator, DEFAULT_CHUNK_BYTES, Membership,
 };
@@ -127,7 +128,7 @@ impl Series {
     }
 
     fn median_bandwidth(&self) -> f64 {
-        median(&self.bandwidths())
+        median(self.bandwidths()).unwrap_or(f64::NAN)
     }
 
     /// The cores kept busy during the operations: CPU seconds over wall seconds.
@@ -249,19 +250,6 @@ fn ring_bytes_per_rank(bytes: usize, world: usize) -> usize {
 
 fn gbs_list(values: &[f64]) -> String {
     values.iter().map(|v| format!("{:.2}", v / 1e9)).collect::<Vec<_>>().join(" ")
-}
-
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let mid = sorted.len() / 2;
-    if sorted.is_empty() {
-        f64::NAN
-    } else if sorted.len() % 2 == 1 {
-        sorted[mid]
-    } else {
-        (sorted[mid - 1] + sorted[mid]) / 2.0
-    }
 }
 
 fn cores() -> usize {

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use fleetmend_proto::probes::AllreduceMeasurement;
+use fleetmend_proto::stats::median;
 
 use crate::collective::{CollectiveConfig, Communicator, Membership};
 
@@ -110,8 +111,8 @@ pub fn measure(
         ring.barrier()?;
         times.push(started.elapsed().as_secs_f64());
     }
-    times.sort_by(f64::total_cmp);
-    let seconds = times[times.len() / 2].max(f64::MIN_POSITIVE);
+    // Never zero, the bandwidth divides by it; at least one iteration ran (checked above).
+    let seconds = median(times).unwrap_or_default().max(f64::MIN_POSITIVE);
     let n = membership.world_size as f64;
     let busbw_gbps = 2.0 * (n - 1.0) / n * args.bytes as f64 / seconds / 1e9;
     Ok(AllreduceMeasurement {

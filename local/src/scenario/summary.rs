@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+use fleetmend_proto::stats::{nearest_rank, sorted_finite};
 use fleetmend_repairer::model::{Event, EventKind, NodeState, Severity};
 use fleetmend_repairer::queue::{AttemptRecord, JobState, JobView};
 use serde::{Deserialize, Serialize};
@@ -99,16 +100,13 @@ pub struct Stats {
 
 impl Stats {
     pub fn of(values: impl IntoIterator<Item = f64>) -> Stats {
-        let mut values: Vec<f64> = values.into_iter().filter(|v| v.is_finite()).collect();
-        values.sort_by(f64::total_cmp);
-        let rank = |p: f64| -> Option<f64> {
-            if values.is_empty() {
-                return None;
-            }
-            let index = ((p * values.len() as f64).ceil() as usize).clamp(1, values.len()) - 1;
-            Some(values[index])
-        };
-        Stats { count: values.len(), p50: rank(0.50), p99: rank(0.99), max: values.last().copied() }
+        let values = sorted_finite(values);
+        Stats {
+            count: values.len(),
+            p50: nearest_rank(&values, 0.50),
+            p99: nearest_rank(&values, 0.99),
+            max: values.last().copied(),
+        }
     }
 }
 

@@ -19,9 +19,8 @@ pub use self::prober::{ProbeVerdict, Prober, ProberPorts};
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
+use fleetmend_proto::stats::median;
 use serde::{Deserialize, Serialize};
-
-use crate::queue::health::median;
 
 /// Different peers a node must measure low with before it is slow.
 pub const CONFIRMING_PEERS: usize = 2;

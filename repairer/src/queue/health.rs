@@ -16,6 +16,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use fleetmend_proto::stats::median;
 use serde::{Deserialize, Serialize};
 
 use super::{Job, JobState};
@@ -217,21 +218,6 @@ pub struct Straggler {
     pub ratio: f64,
     /// Its median step compute time, in seconds.
     pub seconds: f64,
-}
-
-/// The median of `values` (finite ones), if any.
-pub fn median(values: impl IntoIterator<Item = f64>) -> Option<f64> {
-    let mut sorted: Vec<f64> = values.into_iter().filter(|v| v.is_finite()).collect();
-    if sorted.is_empty() {
-        return None;
-    }
-    sorted.sort_by(f64::total_cmp);
-    let mid = sorted.len() / 2;
-    Some(if sorted.len().is_multiple_of(2) {
-        (sorted[mid - 1] + sorted[mid]) / 2.0
-    } else {
-        sorted[mid]
-    })
 }
 
 /// The stragglers of a running job: ranks whose median step compute time over their last
