@@ -35,14 +35,20 @@ pub enum CaFileError {
 /// A client builder that trusts `roots`, with rustls' ring provider installed (reqwest is built
 /// without a bundled one).
 pub fn builder(roots: Roots<'_>) -> Result<reqwest::ClientBuilder, CaFileError> {
-    // Installing twice fails harmlessly when another component of the process did it first.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let builder = reqwest::Client::builder();
+    let builder = system_roots();
     Ok(match roots {
         Roots::System => builder,
         Roots::Only(path) => builder.tls_certs_only(read_bundle(path)?),
         Roots::SystemAnd(path) => builder.tls_certs_merge(read_bundle(path)?),
     })
+}
+
+/// A client builder that trusts the system's roots ([`Roots::System`], which cannot fail), with
+/// rustls' ring provider installed.
+pub fn system_roots() -> reqwest::ClientBuilder {
+    // Installing twice fails harmlessly when another component of the process did it first.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
 }
 
 /// The certificates of the PEM bundle at `path`; at least one.

@@ -41,6 +41,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use fleetmend_proto::backoff::Backoff;
 use fleetmend_proto::stats::nearest_rank;
 use fleetmend_proto::{
     CheckRun, CommandResult, Report, ReportReply, ReportTrigger, Status, Verdict, WIRE_VERSION,
@@ -340,19 +341,9 @@ fn checks() -> Vec<CheckRun> {
     ]
 }
 
-/// The delay before retry number `failures` (1-based), as the agent's: doubling from
-/// `BACKOFF_INITIAL` up to `BACKOFF_MAX`, half of it fixed, half random.
-fn backoff(failures: u32) -> Duration {
-    let capped = BACKOFF_INITIAL.saturating_mul(1u32 << failures.saturating_sub(1).min(20));
-    let half = capped.min(BACKOFF_MAX) / 2;
-    half + half.mul_f64(fastrand::f64())
-}
-
-/// The wait after a refusal that asked for `asked`, as the agent's: at least that, with jitter.
-fn after_refusal(asked: Duration) -> Duration {
-    let floor = asked.min(BACKOFF_MAX);
-    floor + floor.max(BACKOFF_INITIAL).mul_f64(0.5 * fastrand::f64())
-}
+/// The agent's retry delays: doubling from `BACKOFF_INITIAL` up to `BACKOFF_MAX`, half of each
+/// fixed, half random; after a refusal, at least what it asked for.
+const BACKOFF: Backoff = Backoff::new(BACKOFF_INITIAL, BACKOFF_MAX);
 
 /// One simulated agent until the end of the load.
 async fn agent(index: usize, fault_at: Option<Instant>, shared: Arc<Shared>) {
@@ -449,8 +440,10 @@ async fn agent(index: usize, fault_at: Option<Instant>, shared: Arc<Shared>) {
             }
             failures += 1;
             let wait = match conn.retry_after() {
-                Some(secs) if status != 0 => after_refusal(Duration::from_secs(secs)),
-                _ => backoff(failures),
+                Some(secs) if status != 0 => {
+                    BACKOFF.after_asked(Duration::from_secs(secs), fastrand::f64())
+                }
+                _ => BACKOFF.delay(failures, fastrand::f64()),
             };
             next = Instant::now() + wait;
             continue;

@@ -160,8 +160,6 @@ impl Alerts {
         if !problems.is_empty() {
             return Err(AlertsError::Invalid { problems });
         }
-        // reqwest is built without a default TLS provider; installing one twice is harmless.
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let mut sinks = Vec::new();
         for sink in config.sinks {
             let name = sink.name.clone();
@@ -197,7 +195,7 @@ impl Alerts {
                 // Validated above: only a webhook is left.
                 _ => Format::Webhook(webhook::WebhookFormat::new(&sink.url)),
             };
-            let client = reqwest::Client::builder()
+            let client = fleetmend_proto::http_client::system_roots()
                 .timeout(sink.timeout)
                 .connect_timeout(sink.timeout.min(Duration::from_secs(5)))
                 .user_agent(concat!("fleetmend-repairer/", env!("CARGO_PKG_VERSION")))
