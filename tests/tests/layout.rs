@@ -46,11 +46,9 @@ const KNOWN_CIRCLES: &[(&str, &str)] = &[
 
 /// Files past 800 lines today, with their size (crate-relative path under `src`).
 const KNOWN_LONG_FILES: &[(&str, &str, usize)] = &[
-    ("local", "faults.rs", 1175),
     ("local", "scenario/summary.rs", 835),
     ("local", "up/ha.rs", 862),
     ("local", "up/supervisor.rs", 821),
-    ("sim", "world.rs", 921),
 ];
 
 /// Functions past 120 lines today, with their length: (crate, file, function name, lines).
