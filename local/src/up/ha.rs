@@ -491,8 +491,8 @@ impl HaFleet {
         self.wait_for_leader(&http).await?;
         self.tasks.push(tokio::spawn(keep(self.repairers.clone(), self.state_dir.clone())));
         self.tasks.push(tokio::spawn(poll(self.repairers.clone(), http, self.client.clone())));
-        self.tasks
-            .push(tokio::spawn(Fleet::watch(self.supervisor.clone(), self.state_dir.clone())));
+        let agents = fleet::watch_agents(self.supervisor.clone(), self.state_dir.clone());
+        self.tasks.push(tokio::spawn(agents));
 
         self.supervisor.set_repairer_urls(&self.urls);
         let since = now_ms();
