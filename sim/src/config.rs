@@ -18,7 +18,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::catalog::{CatalogError, FaultCatalog};
 use crate::failures::{CorrelatedFailures, FailureConfig, InterFailure, Lemons};
-use crate::replay::Replay;
+use crate::recorded::Replay;
 
 const DAY: Duration = Duration::from_secs(86_400);
 

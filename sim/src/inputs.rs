@@ -19,7 +19,7 @@ use fleetmend_repairer::history::{FaultHistory, HistoryFileError};
 use fleetmend_repairer::inventory::{HostlistError, parse_file};
 
 use crate::config::{RepairerSettings, SimConfig, SimConfigError};
-use crate::replay::{Replay, ReplayBasis, ReplayError};
+use crate::recorded::{Replay, ReplayBasis, ReplayError};
 
 /// The files the operator gave.
 #[derive(Debug, Clone, Copy, Default)]

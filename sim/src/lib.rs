@@ -23,10 +23,11 @@
 //!   covered them (the report's recommended spare pool).
 //! - [`replications`] and [`stats`]: one setting run under several seeds (`--seeds N`), its mean
 //!   ETTR with a Student's t confidence interval and the means of the other headline figures.
-//! - [`inputs`] and [`replay`]: an operator's own inputs: a real repairer config's policy,
-//!   engine and queue (`--repairer-config`), the fleet's inventory (`--inventory`), and a
-//!   failure history exported from a running repairer, struck again instead of the random
-//!   failures and its decisions compared node by node (`--replay`).
+//! - [`inputs`], [`recorded`] and [`replay`]: an operator's own inputs: a real repairer config's
+//!   policy, engine and queue (`--repairer-config`), the fleet's inventory (`--inventory`), and a
+//!   failure history exported from a running repairer, made ready to strike ([`recorded`]),
+//!   struck again instead of the random failures and its decisions compared node by node
+//!   (`--replay`).
 //!
 //! What the simulation does not send: the heartbeats of nodes with nothing new to say (2,048
 //! nodes every 10 s for 54 days would be ~955 million reports that change nothing). A node reports
@@ -43,6 +44,7 @@ pub mod job;
 pub mod model;
 pub mod plot;
 pub mod ports;
+pub mod recorded;
 pub mod replay;
 pub mod replications;
 pub mod report;

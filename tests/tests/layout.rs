@@ -41,7 +41,6 @@ const KNOWN_CIRCLES: &[(&str, &str)] = &[
     ("agent", "allreduce, commands"),
     ("local", "faults, tree"),
     ("local", "provider, scenario, up"),
-    ("sim", "config, replay, run, world"),
 ];
 
 /// Files past 800 lines today, with their size (crate-relative path under `src`).

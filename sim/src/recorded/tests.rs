@@ -9,6 +9,7 @@ use fleetmend_repairer::history::{
 
 use super::*;
 use crate::config::SimConfig;
+use crate::replay::simulate;
 
 const T: u64 = 1_767_225_600_000;
 const MINUTE: u64 = 60_000;
