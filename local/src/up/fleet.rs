@@ -39,7 +39,7 @@ pub use self::config::{FleetConfig, FleetScheduler};
 pub(super) use self::error::tail;
 pub use self::error::{FleetError, JoinFailure};
 pub use self::fleet_file::FleetFile;
-pub(super) use self::fleet_file::{fill_nodes, read_fleet_file, watch_agents, write_json};
+pub(super) use self::fleet_file::{fill_nodes, read_fleet_file, watch_agents, write_fleet_json};
 pub use self::job::{FinalLine, succeeded};
 pub(super) use self::job::{final_line_of, job_spec};
 use self::on_slurm::SlurmFleet;
@@ -305,10 +305,7 @@ impl Fleet {
             repairers: Vec::new(),
         };
         fill_nodes(&mut file, &self.supervisor.nodes());
-        let path = self.state_dir.join("fleet.json");
-        if let Err(err) = write_json(&path, &file) {
-            tracing::warn!(path = %path.display(), error = %err, "writing fleet.json failed");
-        }
+        write_fleet_json(&self.state_dir, &file);
     }
 
     // --- what a scenario runner and the view use ---------------------------------------------------

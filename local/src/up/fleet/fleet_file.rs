@@ -50,11 +50,19 @@ pub(in crate::up) fn read_fleet_file(state_dir: &Path) -> Option<FleetFile> {
 }
 
 /// Writes `value` as JSON to `path` through a temporary file and a rename (readers never see half).
-pub(in crate::up) fn write_json<T: Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
+fn write_json<T: Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
     let text = serde_json::to_string_pretty(value).map_err(std::io::Error::other)?;
     let tmp = path.with_extension("json.tmp");
     std::fs::write(&tmp, text + "\n")?;
     std::fs::rename(&tmp, path)
+}
+
+/// Writes `file` as `<state_dir>/fleet.json`; a failure is logged, and the fleet runs on.
+pub(in crate::up) fn write_fleet_json(state_dir: &Path, file: &FleetFile) {
+    let path = state_dir.join("fleet.json");
+    if let Err(err) = write_json(&path, file) {
+        tracing::warn!(path = %path.display(), error = %err, "writing fleet.json failed");
+    }
 }
 
 /// Reaps agents that died by themselves and keeps `fleet.json` current.
