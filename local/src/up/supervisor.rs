@@ -1,6 +1,12 @@
 //! The simulated nodes' agents: one real `fleetmend agent` process per node, started, stopped and
 //! rebooted here, and watched for deaths it did not cause (the `agent-kill` fault). The `local`
 //! provider and `fleetmend up` share one [`Supervisor`] behind an `Arc`.
+//!
+//! How the agents are run and their config are in [`settings`], the ranks they leave behind in
+//! [`ranks`].
+
+mod ranks;
+mod settings;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Write;
@@ -13,12 +19,15 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use fleetmend_repairer::clock::unix_now_ms as now_ms;
-use nix::sys::signal::{Signal, kill, killpg};
+use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
 use crate::faults::Fault;
 use crate::tree::NodeTree;
+
+pub use self::ranks::{kill_ranks_under, ranks_under};
+pub use self::settings::AgentSettings;
 
 /// What a node is for in the local fleet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -64,64 +73,6 @@ impl AgentState {
             AgentState::Dead => "dead",
         }
     }
-}
-
-/// How the agents are run.
-#[derive(Debug, Clone)]
-pub struct AgentSettings {
-    /// The `fleetmend` executable (`agent` is its verb).
-    pub exe: PathBuf,
-    /// The agents' bearer token, in a file.
-    pub token_file: PathBuf,
-    /// Time between the agents' regular reports.
-    pub report_interval: Duration,
-    /// When an agent stops, its ranks get SIGTERM, then SIGKILL after this long.
-    pub rank_stop_grace: Duration,
-    /// A simulated reboot keeps the agent down this long after the tree was rebuilt.
-    pub boot_delay: Duration,
-}
-
-impl AgentSettings {
-    /// The `[report]`, `[jobs]` and `[commands.evidence]` sections of `node`'s agent config.
-    /// `repairers`: the repairers' base URLs (several: every repairer of a fleet with a standby,
-    /// the agent follows a standby's pointer to the leader).
-    pub fn agent_toml(&self, repairers: &[String], jobs_dir: &Path) -> String {
-        let evidence = jobs_dir.parent().unwrap_or(jobs_dir).join("evidence");
-        format!(
-            "[report]\nrepairer = {repairer}\ntoken_file = {token}\ninterval = \"{interval}\"\n\
-             timeout = \"2s\"\nbackoff_initial = \"200ms\"\nbackoff_max = \"2s\"\n\n\
-             [jobs]\nenabled = true\ndir = {jobs}\nadvertise_address = \"127.0.0.1\"\n\
-             stop_grace = \"{grace}\"\n\n[commands.evidence]\ndir = {evidence}\n",
-            repairer = match repairers {
-                [one] => toml_string(one),
-                many => format!(
-                    "[{}]",
-                    many.iter().map(|url| toml_string(url)).collect::<Vec<_>>().join(", ")
-                ),
-            },
-            token = toml_string(&self.token_file.display().to_string()),
-            interval = humantime::format_duration(self.report_interval),
-            jobs = toml_string(&jobs_dir.display().to_string()),
-            grace = humantime::format_duration(self.rank_stop_grace),
-            evidence = toml_string(&evidence.display().to_string()),
-        )
-    }
-}
-
-/// `s` as a TOML basic string.
-fn toml_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 /// A supervisor operation failed.
@@ -726,96 +677,5 @@ fn describe(status: std::process::ExitStatus) -> String {
             Err(_) => format!("killed by signal {signal}"),
         },
         (None, None) => "ended".to_owned(),
-    }
-}
-
-/// SIGKILLs every process group led by a rank whose rank directory lies under `nodes_dir`
-/// (found by the variable the agent gives its ranks); returns how many.
-pub fn kill_ranks_under(procfs: &Path, nodes_dir: &Path) -> usize {
-    let Ok(entries) = std::fs::read_dir(procfs) else { return 0 };
-    let needle = format!("{}=", fleetmend_agent::ranks::RANK_DIR_VAR);
-    let mut killed = 0;
-    for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
-            continue;
-        };
-        let Ok(environ) = std::fs::read(entry.path().join("environ")) else { continue };
-        let under = environ
-            .split(|b| *b == 0)
-            .filter_map(|var| std::str::from_utf8(var).ok())
-            .filter_map(|var| var.strip_prefix(&needle))
-            .any(|dir| Path::new(dir).starts_with(nodes_dir));
-        if !under {
-            continue;
-        }
-        // The rank leads its own group; its children (if any) go with it.
-        if killpg(Pid::from_raw(pid), Signal::SIGKILL).is_ok()
-            || kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok()
-        {
-            killed += 1;
-        }
-    }
-    killed
-}
-
-/// Pids of processes whose rank directory lies under `nodes_dir` (tests, the stop's check).
-pub fn ranks_under(procfs: &Path, nodes_dir: &Path) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir(procfs) else { return Vec::new() };
-    let needle = format!("{}=", fleetmend_agent::ranks::RANK_DIR_VAR);
-    entries
-        .flatten()
-        .filter_map(|entry| {
-            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
-            let environ = std::fs::read(entry.path().join("environ")).ok()?;
-            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-            // A zombie is gone for every purpose but its parent's wait.
-            if stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z')) {
-                return None;
-            }
-            environ
-                .split(|b| *b == 0)
-                .filter_map(|var| std::str::from_utf8(var).ok())
-                .filter_map(|var| var.strip_prefix(&needle))
-                .any(|dir| Path::new(dir).starts_with(nodes_dir))
-                .then_some(pid)
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_agent_config_is_valid_toml_naming_the_repairer_and_the_jobs_dir() {
-        let settings = AgentSettings {
-            exe: PathBuf::from("/bin/fleetmend"),
-            token_file: PathBuf::from("/tmp/x \"y\"/agent.token"),
-            report_interval: Duration::from_millis(300),
-            rank_stop_grace: Duration::from_secs(5),
-            boot_delay: Duration::from_secs(2),
-        };
-        let jobs = Path::new("/state/nodes/node-1/jobs");
-        let text = settings.agent_toml(&["http://127.0.0.1:9830".to_owned()], jobs);
-        let value: toml::Value = toml::from_str(&text).unwrap();
-        assert_eq!(value["report"]["repairer"].as_str(), Some("http://127.0.0.1:9830"));
-        assert_eq!(value["report"]["token_file"].as_str(), Some("/tmp/x \"y\"/agent.token"));
-        assert_eq!(value["report"]["interval"].as_str(), Some("300ms"));
-        assert_eq!(value["jobs"]["enabled"].as_bool(), Some(true));
-        assert_eq!(value["jobs"]["dir"].as_str(), Some("/state/nodes/node-1/jobs"));
-        assert_eq!(value["jobs"]["advertise_address"].as_str(), Some("127.0.0.1"));
-        assert_eq!(
-            value["commands"]["evidence"]["dir"].as_str(),
-            Some("/state/nodes/node-1/evidence")
-        );
-        let both = ["http://127.0.0.1:7401".to_owned(), "http://127.0.0.1:7402".to_owned()];
-        let value: toml::Value = toml::from_str(&settings.agent_toml(&both, jobs)).unwrap();
-        let listed: Vec<&str> = value["report"]["repairer"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|url| url.as_str().unwrap())
-            .collect();
-        assert_eq!(listed, ["http://127.0.0.1:7401", "http://127.0.0.1:7402"]);
     }
 }
