@@ -5,9 +5,9 @@
 //! With [`FleetScheduler::Slurm`] the repairer drives a Slurm cluster instead of its embedded
 //! queue, and the job is an sbatch job (see [`super::slurm`]).
 //!
-//! Around [`Fleet`]: its settings ([`config`]), its errors ([`error`]), the state directory it
-//! starts on ([`state_dir`]), `fleet.json` ([`fleet_file`]), the repairer's settings
-//! ([`repairer_settings`]), the training job ([`job`]) and the Slurm side ([`on_slurm`]).
+//! Around [`Fleet`]: its settings (`config`), its errors (`error`), the state directory it
+//! starts on (`state_dir`), `fleet.json` (`fleet_file`), the repairer's settings
+//! (`repairer_settings`), the training job (`job`) and the Slurm side (`on_slurm`).
 
 mod config;
 mod error;

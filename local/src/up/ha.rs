@@ -16,8 +16,8 @@
 //! The spares are set aside here (a replacement takes one), but they report as ordinary nodes:
 //! the embedded queue of a repairer in another process does not hold them drained.
 //!
-//! The repairer processes are in [`repairers`], their configs in [`repairer_toml`], and what the
-//! view reads from them in [`snapshot`].
+//! The repairer processes are in `repairers`, their configs in `repairer_toml`, and what the
+//! view reads from them in `snapshot`.
 
 mod repairer_toml;
 mod repairers;

@@ -2,8 +2,8 @@
 //! rebooted here, and watched for deaths it did not cause (the `agent-kill` fault). The `local`
 //! provider and `fleetmend up` share one [`Supervisor`] behind an `Arc`.
 //!
-//! How the agents are run and their config are in [`settings`], the ranks they leave behind in
-//! [`ranks`].
+//! How the agents are run and their config are in `settings`, the ranks they leave behind in
+//! `ranks`.
 
 mod ranks;
 mod settings;
