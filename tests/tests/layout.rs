@@ -43,15 +43,12 @@ const KNOWN_CIRCLES: &[(&str, &str)] = &[
     ("local", "provider, scenario, up"),
 ];
 
-/// Files past 800 lines today, with their size (crate-relative path under `src`).
-const KNOWN_LONG_FILES: &[(&str, &str, usize)] = &[
-];
+/// Files past 800 lines today, with their size (crate-relative path under `src`): none. A file
+/// that grows past the limit is split by responsibility, not listed.
+const KNOWN_LONG_FILES: &[(&str, &str, usize)] = &[];
 
 /// Functions past 120 lines today, with their length: (crate, file, function name, lines).
-const KNOWN_LONG_FNS: &[(&str, &str, &str, usize)] = &[
-    ("runtime", "collective/rendezvous.rs", "host_rendezvous", 127),
-    ("local", "up.rs", "run", 198),
-];
+const KNOWN_LONG_FNS: &[(&str, &str, &str, usize)] = &[("local", "up.rs", "run", 198)];
 
 /// What one crate's source breaks of the rules, before the known entries are taken off.
 #[derive(Debug, Default, PartialEq)]

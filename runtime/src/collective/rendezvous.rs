@@ -213,22 +213,11 @@ fn host_rendezvous(
         };
         let refusal = match join {
             Message::Join { protocol, run_id, rank, world_size, ring_addr } => {
-                if protocol != PROTOCOL_VERSION {
-                    Some(format!(
-                        "it speaks protocol {protocol}, rank 0 speaks {PROTOCOL_VERSION} (mixed fleetmend versions)"
-                    ))
-                } else if run_id != membership.run_id {
-                    Some(format!(
-                        "it belongs to run {run_id:?}, this rendezvous is for run {:?}",
-                        membership.run_id
-                    ))
-                } else if world_size != world {
-                    Some(format!("it expects {world_size} ranks, rank 0 expects {world}"))
-                } else if rank == 0 || rank >= world {
-                    Some(format!("rank {rank} is not a joining rank of a world of {world}"))
-                } else if joined[rank].as_ref().is_some_and(connection_alive) {
-                    Some(format!("rank {rank} already joined"))
-                } else {
+                let joined_alive = joined.get(rank).and_then(Option::as_ref);
+                let joined_alive = joined_alive.is_some_and(connection_alive);
+                let refusal =
+                    join_refusal(membership, protocol, &run_id, rank, world_size, joined_alive);
+                if refusal.is_none() {
                     if ring_addrs[rank].is_none() {
                         arrived += 1;
                     } else {
@@ -238,6 +227,7 @@ fn host_rendezvous(
                     joined[rank] = Some(stream);
                     continue;
                 }
+                refusal
             }
             other => Some(format!("expected a join, received {other:?}")),
         };
@@ -265,6 +255,37 @@ fn host_rendezvous(
         let _ = stream.shutdown(Shutdown::Write);
     }
     Ok((ring_listener, ring_addrs))
+}
+
+/// Why rank 0 refuses a rank's join, if it does (`joined_alive`: that rank already holds a live
+/// connection).
+fn join_refusal(
+    membership: &Membership,
+    protocol: u32,
+    run_id: &str,
+    rank: usize,
+    world_size: usize,
+    joined_alive: bool,
+) -> Option<String> {
+    let world = membership.world_size;
+    if protocol != PROTOCOL_VERSION {
+        Some(format!(
+            "it speaks protocol {protocol}, rank 0 speaks {PROTOCOL_VERSION} (mixed fleetmend versions)"
+        ))
+    } else if run_id != membership.run_id {
+        Some(format!(
+            "it belongs to run {run_id:?}, this rendezvous is for run {:?}",
+            membership.run_id
+        ))
+    } else if world_size != world {
+        Some(format!("it expects {world_size} ranks, rank 0 expects {world}"))
+    } else if rank == 0 || rank >= world {
+        Some(format!("rank {rank} is not a joining rank of a world of {world}"))
+    } else if joined_alive {
+        Some(format!("rank {rank} already joined"))
+    } else {
+        None
+    }
 }
 
 /// Any rank but 0: reach rank 0, join, wait for the ring addresses.
