@@ -10,7 +10,7 @@ use fleetmend_proto::{Finding, RecommendedAction, Status};
 use regex::Regex;
 
 use super::counters::{CounterHistory, CounterRate, flap_finding};
-use super::sysfs::{Unusable, attr, list_dirs, parse_u64, unreadable_finding};
+use super::sysfs::{Unusable, attr, list_dirs, parse_u64, unlisted_finding, unreadable_finding};
 use super::{NAME, NicConfig};
 use crate::checks::Observation;
 use crate::metrics::{self, Sample};
@@ -63,14 +63,7 @@ impl Interfaces {
         let listed = match list_dirs(&class) {
             Ok(names) => names,
             Err(err) => {
-                out.findings.push(Finding::new(
-                    NAME,
-                    "nic_unreadable",
-                    "",
-                    Status::Unknown,
-                    RecommendedAction::None,
-                    format!("cannot list {}: {err}", class.display()),
-                ));
+                out.findings.push(unlisted_finding("nic_unreadable", "", &class, &err));
                 // Without a listing, "missing" cannot be told from "unreadable".
                 return;
             }

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use fleetmend_proto::{Finding, RecommendedAction, Status};
 
 use super::counters::{CounterHistory, CounterRate, CounterRise, flap_finding};
-use super::sysfs::{Unusable, attr, list_dirs, parse_u64, unreadable_finding};
+use super::sysfs::{Unusable, attr, list_dirs, parse_u64, unlisted_finding, unreadable_finding};
 use super::{NAME, NicConfig, parse_ib_requirement};
 use crate::checks::Observation;
 use crate::metrics::{self, Sample};
@@ -66,14 +66,7 @@ impl IbPorts {
             // port is required, which the loop below reports as missing.
             Err(err) if err.kind() == io::ErrorKind::NotFound => BTreeSet::new(),
             Err(err) => {
-                out.findings.push(Finding::new(
-                    NAME,
-                    "ib_unreadable",
-                    "",
-                    Status::Unknown,
-                    RecommendedAction::None,
-                    format!("cannot list {}: {err}", class.display()),
-                ));
+                out.findings.push(unlisted_finding("ib_unreadable", "", &class, &err));
                 return;
             }
         };
@@ -83,14 +76,8 @@ impl IbPorts {
             let ports = match list_dirs(&ports_dir) {
                 Ok(ports) => ports,
                 Err(err) => {
-                    out.findings.push(Finding::new(
-                        NAME,
-                        "ib_unreadable",
-                        device.clone(),
-                        Status::Unknown,
-                        RecommendedAction::None,
-                        format!("cannot list {}: {err}", ports_dir.display()),
-                    ));
+                    let finding = unlisted_finding("ib_unreadable", device, &ports_dir, &err);
+                    out.findings.push(finding);
                     continue;
                 }
             };

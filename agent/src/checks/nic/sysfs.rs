@@ -92,6 +92,23 @@ pub(in crate::checks) fn list_dirs(dir: &Path) -> io::Result<BTreeSet<String>> {
     Ok(names)
 }
 
+/// `unknown`: `dir` could not be listed, so what is in it cannot be told.
+pub(super) fn unlisted_finding(
+    finding: &str,
+    subject: &str,
+    dir: &Path,
+    err: &io::Error,
+) -> Finding {
+    Finding::new(
+        super::NAME,
+        finding,
+        subject,
+        Status::Unknown,
+        RecommendedAction::None,
+        format!("cannot list {}: {err}", dir.display()),
+    )
+}
+
 /// `unknown` naming the sysfs files that were missing or held garbage, ok when there were none
 /// (`check`'s `finding` about `subject`; the pcie check uses it too).
 pub(in crate::checks) fn unreadable_finding(
