@@ -23,7 +23,9 @@ use std::time::Duration;
 use fleetmend_repairer::queue::JobState;
 use tokio::signal::unix::{SignalKind, signal};
 
-pub use self::fleet::{FinalLine, Fleet, FleetConfig, FleetError, FleetScheduler, NodeView};
+pub use self::fleet::{
+    FinalLine, Fleet, FleetConfig, FleetError, FleetScheduler, NodeView, repairer_config,
+};
 pub use self::supervisor::{Role, Supervisor};
 pub use self::trainer::TrainModel;
 use self::view::View;

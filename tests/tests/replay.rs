@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use fleetmend_local::scenario::{self, Scenario, Summary};
-use fleetmend_local::up::{Fleet, FleetConfig};
+use fleetmend_local::up::{Fleet, FleetConfig, repairer_config};
 use fleetmend_repairer::history::{DecisionKind, FaultHistory};
 use fleetmend_repairer::model::RuleAction;
 use fleetmend_tests::fleetmend_bin;
@@ -78,7 +78,7 @@ fn fleetmend(args: &[&str]) -> String {
 /// `[queue]`, on a loopback address (a config the repairer itself would take).
 fn repairer_config_file(fleet: &Fleet, dir: &Path) -> std::path::PathBuf {
     let state = fleet.state_dir();
-    let config = Fleet::repairer_config(
+    let config = repairer_config(
         fleet.config(),
         state,
         fleet.admin_token_file(),

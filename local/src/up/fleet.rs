@@ -23,13 +23,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fleetmend_repairer::clock::unix_now_ms as now_ms;
-use fleetmend_repairer::config::RepairerConfig;
 use fleetmend_repairer::engine::Engine;
 use fleetmend_repairer::model::{Event, NodeState};
 // Re-exported: FleetConfig::mode names it.
 pub use fleetmend_repairer::policy::Mode;
 use fleetmend_repairer::queue::{JobQueue, JobView};
-use fleetmend_repairer::scheduler::slurm::{SlurmConfig, SlurmScheduler};
+use fleetmend_repairer::scheduler::slurm::SlurmScheduler;
 use fleetmend_repairer::scheduler::{SPARE_REASON, Scheduler};
 use fleetmend_repairer::service::{self, Repairer};
 use fleetmend_repairer::store::Store;
@@ -44,6 +43,7 @@ pub use self::job::{FinalLine, succeeded};
 pub(super) use self::job::{final_line_of, job_spec};
 use self::on_slurm::SlurmFleet;
 pub use self::repairer_settings::rendezvous_ports;
+pub use self::repairer_settings::repairer_config;
 pub use self::state_dir::initial_roles;
 pub(super) use self::state_dir::{Prepared, prepare};
 use super::slurm::SlurmJobStatus;
@@ -127,7 +127,7 @@ impl Fleet {
             ),
         };
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let repairer_config = Self::repairer_config(
+        let repairer_config = repairer_config(
             &config,
             &state_dir,
             &admin_token_file,
@@ -258,24 +258,6 @@ impl Fleet {
             self.write_fleet_file(true);
         }
         Ok(())
-    }
-
-    /// The repairer config of `config`'s fleet (a replay of its failure history runs with its
-    /// policy, engine and queue: tests/tests/replay.rs).
-    pub fn repairer_config(
-        config: &FleetConfig,
-        state_dir: &Path,
-        admin_token_file: &Path,
-        agent_token_file: &Path,
-        slurm: Option<&SlurmConfig>,
-    ) -> RepairerConfig {
-        repairer_settings::repairer_config(
-            config,
-            state_dir,
-            admin_token_file,
-            agent_token_file,
-            slurm,
-        )
     }
 
     fn submit_job(&self) -> Result<String, FleetError> {

@@ -14,7 +14,7 @@ use super::FleetConfig;
 
 /// The repairer config of `config`'s fleet (a replay of its failure history runs with its
 /// policy, engine and queue: tests/tests/replay.rs).
-pub(super) fn repairer_config(
+pub fn repairer_config(
     config: &FleetConfig,
     state_dir: &Path,
     admin_token_file: &Path,

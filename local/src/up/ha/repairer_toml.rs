@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::up::fleet::{Fleet, FleetConfig, FleetError};
+use crate::up::fleet::{FleetConfig, FleetError, repairer_config};
 
 /// The repairers' lease: a killed leader's successor leads within this (and one renewal).
 pub const LEASE: Duration = Duration::from_secs(6);
@@ -13,7 +13,7 @@ pub const LEASE: Duration = Duration::from_secs(6);
 pub const RENEW: Duration = Duration::from_secs(2);
 
 /// The TOML config of one repairer of the fleet: the in-process repairer's settings
-/// ([`Fleet::repairer_config`]), the shared store, a listen address of its own, the lease, and
+/// ([`repairer_config`]), the shared store, a listen address of its own, the lease, and
 /// the `command` provider calling back into `fleetmend up`.
 pub fn repairer_toml(
     config: &FleetConfig,
@@ -21,7 +21,7 @@ pub fn repairer_toml(
     store_url: &str,
     listen: SocketAddr,
 ) -> Result<String, FleetError> {
-    let base = Fleet::repairer_config(
+    let base = repairer_config(
         config,
         state_dir,
         &state_dir.join("admin.token"),
@@ -121,7 +121,7 @@ mod tests {
         let parsed = RepairerConfig::parse(&text).unwrap();
         assert_eq!(parsed.problems(), Vec::new());
         assert_eq!(parsed.listen, listen);
-        let base = Fleet::repairer_config(
+        let base = repairer_config(
             &config,
             Path::new("/tmp/x"),
             Path::new("/tmp/x/admin.token"),
