@@ -123,6 +123,18 @@ fn json_kind(wanted: &str) -> String {
     }
 }
 
+/// What JSON type `value` is, as an error names it.
+pub(super) fn json_type(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
 /// A field that may be missing or null: its default then.
 pub(super) fn null_as_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
 where
@@ -140,15 +152,7 @@ pub(super) fn whole_number<'de, D: Deserializer<'de>>(deserializer: D) -> Result
     let Some(value) = value.filter(|v| !v.is_null()) else { return Ok(0) };
     let whole = value.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < EXACT);
     value.as_u64().or(whole.map(|f| f as u64)).ok_or_else(|| {
-        let found = match value {
-            serde_json::Value::Number(_) => "a number",
-            serde_json::Value::String(_) => "a string",
-            serde_json::Value::Bool(_) => "a boolean",
-            serde_json::Value::Array(_) => "an array",
-            serde_json::Value::Object(_) => "an object",
-            serde_json::Value::Null => "null",
-        };
-        de::Error::custom(format!("expected a whole number, found {found}"))
+        de::Error::custom(format!("expected a whole number, found {}", json_type(&value)))
     })
 }
 

@@ -7,7 +7,7 @@ use fleetmend_proto::{Finding, RecommendedAction, Status};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny};
 
-use super::json::{invalid, join, null_as_default, read};
+use super::json::{invalid, join, json_type, null_as_default, read};
 use super::{
     CLOUDWATCH_CHECK, InboundAlert, InboundConfig, InboundError, LABEL_VALUE_MAX_CHARS,
     MESSAGE_MAX_CHARS, Placed, SkipReason, check_size, find_node, snake_case, truncate,
@@ -190,17 +190,6 @@ struct Dimension {
     name: String,
     #[serde(alias = "Value")]
     value: String,
-}
-
-fn json_type(value: &serde_json::Value) -> &'static str {
-    match value {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "a boolean",
-        serde_json::Value::Number(_) => "a number",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Array(_) => "an array",
-        serde_json::Value::Object(_) => "an object",
-    }
 }
 
 fn alarm_message(placed: Placed) -> SnsMessage {
