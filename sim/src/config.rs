@@ -123,6 +123,30 @@ pub struct JobConfig {
     /// Whether every fault kills the job where it strikes (the closed-form model's assumption);
     /// false: as the catalog says (`kills_job`).
     pub every_fault_kills: bool,
+    /// How the job's ranks are scheduled: `gang`, each attempt's ranks moved as one (fast: what
+    /// a restart costs in time, not one event per rank), or `queue`, the repairer's embedded job
+    /// queue moving every rank through its node's agent (slow at scale; the check on `gang`).
+    pub scheduler: SchedulerModel,
+}
+
+/// How the simulated job's ranks are scheduled (`job.scheduler`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SchedulerModel {
+    /// Each attempt's ranks as one gang (`crate::gang`).
+    #[default]
+    Gang,
+    /// The repairer's embedded job queue, rank by rank.
+    Queue,
+}
+
+impl std::fmt::Display for SchedulerModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SchedulerModel::Gang => "gang",
+            SchedulerModel::Queue => "queue",
+        })
+    }
 }
 
 impl Default for JobConfig {
@@ -136,6 +160,7 @@ impl Default for JobConfig {
             progress_every: Duration::from_secs(30 * 60),
             checkpoint_on_signal: true,
             every_fault_kills: false,
+            scheduler: SchedulerModel::Gang,
         }
     }
 }

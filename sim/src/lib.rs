@@ -16,6 +16,9 @@
 //!   discrete-event simulation against [`world`] (the simulated nodes and their agents, the
 //!   provider's reboots and replacements, people fixing what the repairer leaves to them) and the
 //!   simulated training jobs of [`job`], which follow the checkpoint protocol.
+//! - [`gang`]: the scheduler of `job.scheduler = "gang"` (the default): the jobs' ranks moved as
+//!   one per attempt, by the queue's rules and placement, a restart a few events rather than
+//!   several per rank; `"queue"` runs the repairer's embedded job queue rank by rank instead.
 //! - [`config`], [`report`], [`cli`] and [`plot`]: the settings (one TOML document, every field
 //!   overridable by its dotted path), the results (text and deterministic JSON), the
 //!   `fleetmend simulate` command with its sweep (one key, or two as a grid), and the SVG chart.
@@ -39,6 +42,7 @@ pub mod catalog;
 pub mod cli;
 pub mod config;
 pub mod failures;
+pub mod gang;
 pub mod inputs;
 pub mod job;
 pub mod model;

@@ -40,6 +40,16 @@ impl Presence {
         self.lock().remove(node);
     }
 
+    /// The nodes down now, and since when.
+    pub fn down(&self) -> BTreeMap<String, u64> {
+        self.lock().clone()
+    }
+
+    /// Since when `node` has been down, if it is.
+    pub fn down_since(&self, node: &str) -> Option<u64> {
+        self.lock().get(node).copied()
+    }
+
     pub fn is_down(&self, node: &str) -> bool {
         self.lock().contains_key(node)
     }

@@ -21,11 +21,13 @@ use fleetmend_repairer::metrics::RepairerMetrics;
 use fleetmend_repairer::model::{Event, EventKind, NodeState, RuleAction, Severity};
 use fleetmend_repairer::ports::{EventLog, FleetView, ReportObserver};
 use fleetmend_repairer::queue::{CheckpointEvery, JobQueue, JobSpec, MAX_RESTARTS, QueuePorts};
+use fleetmend_repairer::scheduler::Scheduler;
 use fleetmend_repairer::store::Store;
 
 use crate::catalog::FaultCatalog;
-use crate::config::{Interval, SimConfig};
+use crate::config::{Interval, SchedulerModel, SimConfig};
 use crate::failures::{FailureEvent, FailureStream};
+use crate::gang::GangScheduler;
 use crate::job::SimJob;
 use crate::model::EttrModel;
 use crate::ports::{Presence, SimProvider};
@@ -181,6 +183,7 @@ async fn settle(world: &mut World) {
         // The runtime's paused timer fires only once no task can run.
         tokio::time::sleep(Duration::from_millis(1)).await;
         world.provider_calls();
+        world.gang_settle();
         world.schedule_heartbeats();
         let now = world.now();
         let mut any = false;
@@ -213,17 +216,34 @@ fn build(
     let settings = &config.repairer;
     let engine_config = settings.engine.clone();
     let window = engine_config.report_interval.saturating_mul(engine_config.unreachable_after);
-    let ports = QueuePorts {
-        events: events.clone(),
-        commands: commands.clone(),
-        fleet: nodes.clone() as Arc<dyn FleetView>,
-        clock: clock.clone(),
-        // The simulated job reports no step times: no stragglers to raise.
-        findings: None,
-    };
-    let queue =
-        JobQueue::load(settings.queue.clone(), ports, window, "http://fleetmend-simulated:9830")
-            .map_err(|e| repairer_err(&e))?;
+    let fleet = nodes.clone() as Arc<dyn FleetView>;
+    let (queue, gang, scheduler, observer): (_, _, Arc<dyn Scheduler>, _) =
+        match config.job.scheduler {
+            SchedulerModel::Queue => {
+                let ports = QueuePorts {
+                    events: events.clone(),
+                    commands: commands.clone(),
+                    fleet: fleet.clone(),
+                    clock: clock.clone(),
+                    // The simulated job reports no step times: no stragglers to raise.
+                    findings: None,
+                };
+                let queue = JobQueue::load(
+                    settings.queue.clone(),
+                    ports,
+                    window,
+                    "http://fleetmend-simulated:9830",
+                )
+                .map_err(|e| repairer_err(&e))?;
+                let observer = Some(queue.clone() as Arc<dyn ReportObserver>);
+                (Some(queue.clone()), None, queue as Arc<dyn Scheduler>, observer)
+            }
+            SchedulerModel::Gang => {
+                let gang =
+                    GangScheduler::new(clock.clone(), fleet.clone(), settings.queue.spare_pool);
+                (None, Some(gang.clone()), gang as Arc<dyn Scheduler>, None)
+            }
+        };
     let provider = SimProvider::new(clock.clone(), presence.clone());
     let engine = Engine::new(EngineParts {
         clock: clock.clone(),
@@ -232,10 +252,10 @@ fn build(
         metrics,
         policy: settings.policy.clone(),
         config: engine_config,
-        scheduler: queue.clone(),
+        scheduler,
         provider: provider.clone(),
         commands: commands.clone(),
-        observer: Some(queue.clone() as Arc<dyn ReportObserver>),
+        observer,
         tracer: None,
         // The simulated fleet has no links to measure.
         prober: None,
@@ -243,13 +263,17 @@ fn build(
     })
     .map_err(|e| repairer_err(&e))?;
     engine.start().map_err(|e| repairer_err(&e))?;
-    queue.start();
+    if let Some(queue) = &queue {
+        queue.start();
+    }
     Ok(World::new(Parts {
         config: config.clone(),
         catalog,
         clock,
         engine,
         queue,
+        gang,
+        fleet,
         commands,
         presence,
         provider,
@@ -277,20 +301,31 @@ fn submit_jobs(world: &mut World) -> Result<(), SimError> {
     };
     let now = world.now();
     for i in 0..job.jobs {
-        let spec = JobSpec {
-            name: Some(format!("train-{i}")),
-            argv: vec!["train".to_owned()],
-            nodes: share,
-            priority: 0,
-            checkpoint_dir: format!("/checkpoints/train-{i}"),
-            // A simulated job restarts as often as the fleet fails under it: the most a job may ask for.
-            max_restarts: MAX_RESTARTS,
-            checkpoint_every: Some(checkpoint_every),
-            env: BTreeMap::new(),
+        let id = format!("train-{i}");
+        let id = match &world.queue {
+            Some(queue) => {
+                let spec = JobSpec {
+                    name: Some(id),
+                    argv: vec!["train".to_owned()],
+                    nodes: share,
+                    priority: 0,
+                    checkpoint_dir: format!("/checkpoints/train-{i}"),
+                    // A simulated job restarts as often as the fleet fails under it: the most a
+                    // job may ask for.
+                    max_restarts: MAX_RESTARTS,
+                    checkpoint_every: Some(checkpoint_every),
+                    env: BTreeMap::new(),
+                };
+                let view = queue
+                    .submit(spec, "simulate")
+                    .map_err(|e| SimError::Repairer(e.to_string()))?;
+                view.job.id.clone()
+            }
+            None => {
+                world.submit_gang(&id, share, u64::from(i));
+                id
+            }
         };
-        let view =
-            world.queue.submit(spec, "simulate").map_err(|e| SimError::Repairer(e.to_string()))?;
-        let id = view.job.id.clone();
         world.jobs.insert(id.clone(), SimJob::new(&id, share, "", interval_s, now));
     }
     Ok(())
@@ -313,7 +348,10 @@ fn report(
         }
     }
     for job in world.jobs.values() {
-        let restarts = world.queue.job(&job.id).map_or(0, |v| v.job.restarts);
+        let restarts = match &world.queue {
+            Some(queue) => queue.job(&job.id).map_or(0, |v| v.job.restarts),
+            None => world.gang_restarts(&job.id).unwrap_or(0),
+        };
         jobs.push(job.result(wall_s, restarts, job.interval_s));
     }
     let ettr = if jobs.is_empty() {

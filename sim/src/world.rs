@@ -10,11 +10,13 @@
 //! - `agent.rs`: the agents' reports, heartbeats and the commands they run;
 //! - `faults.rs`: faults striking, the ranks they kill, and people fixing them;
 //! - `provider.rs`: the provider's reboots and replacements, and the silent failures of repairs;
-//! - `jobs.rs`: the jobs' ranks and signals, and the jobs' own steps and progress posts.
+//! - `jobs.rs`: the jobs' ranks and signals, and the jobs' own steps and progress posts;
+//! - `gang.rs`: the jobs' attempts under the gang scheduler (`crate::gang`), moved as one.
 
 mod agenda;
 mod agent;
 mod faults;
+mod gang;
 mod jobs;
 mod node;
 mod provider;
@@ -27,15 +29,24 @@ use fleetmend_repairer::clock::Clock;
 use fleetmend_repairer::commands::CommandQueue;
 use fleetmend_repairer::engine::Engine;
 use fleetmend_repairer::model::NodeState;
+use fleetmend_repairer::ports::FleetView;
 use fleetmend_repairer::queue::JobQueue;
 
 use self::agenda::Agenda;
 pub use self::agenda::Happening;
+pub use self::gang::GangJob;
 pub use self::node::{ActiveFault, SimNode};
 use crate::catalog::FaultCatalog;
 use crate::config::SimConfig;
+use crate::gang::GangScheduler;
 use crate::job::SimJob;
 use crate::ports::{Presence, SimProvider};
+
+/// Where the heartbeats of the node in `slot` fall within the report interval (spread over it,
+/// the same for a node and its replacement).
+pub(crate) fn heartbeat_phase(slot: u32, interval_ms: u64) -> u64 {
+    (u64::from(slot) * 7_919) % interval_ms.max(1)
+}
 
 /// Tallies for the report.
 #[derive(Debug, Clone, Default)]
@@ -56,7 +67,12 @@ pub struct World {
     pub catalog: FaultCatalog,
     pub clock: Arc<dyn Clock>,
     pub engine: Arc<Engine>,
-    pub queue: Arc<JobQueue>,
+    /// The embedded job queue (`job.scheduler = "queue"`), else none.
+    pub queue: Option<Arc<JobQueue>>,
+    /// The gang scheduler (`job.scheduler = "gang"`), else none.
+    pub gang: Option<Arc<GangScheduler>>,
+    /// The engine's nodes as placement sees them.
+    pub fleet: Arc<dyn FleetView>,
     pub commands: Arc<CommandQueue>,
     pub presence: Arc<Presence>,
     pub provider: Arc<SimProvider>,
@@ -71,6 +87,19 @@ pub struct World {
     rng: fastrand::Rng,
     /// Nodes of the previous attempt per job (to count spares used).
     last_nodes: BTreeMap<String, BTreeSet<String>>,
+    /// The jobs' attempts under the gang scheduler.
+    pub gangs: BTreeMap<String, GangJob>,
+    /// The fleet's generation the gang scheduler last looked at.
+    gang_generation: u64,
+    gang_attempts: self::gang::AttemptTallies,
+    /// Slot → whether no job's rank holds it (under the gang scheduler): placement's candidates.
+    gang_idle: Vec<bool>,
+    /// Slot → whether its node was retired and its replacement has not joined yet.
+    gang_vacant: Vec<bool>,
+    /// The nodes carrying a fault now (a few, against the fleet).
+    faulted: BTreeSet<String>,
+    /// How long a node may go unheard before placement passes it over.
+    unreachable_window_ms: u64,
 }
 
 impl std::fmt::Debug for World {
@@ -86,7 +115,9 @@ pub struct Parts {
     pub catalog: FaultCatalog,
     pub clock: Arc<dyn Clock>,
     pub engine: Arc<Engine>,
-    pub queue: Arc<JobQueue>,
+    pub queue: Option<Arc<JobQueue>>,
+    pub gang: Option<Arc<GangScheduler>>,
+    pub fleet: Arc<dyn FleetView>,
     pub commands: Arc<CommandQueue>,
     pub presence: Arc<Presence>,
     pub provider: Arc<SimProvider>,
@@ -96,19 +127,34 @@ impl World {
     pub fn new(parts: Parts) -> World {
         let interval = parts.config.repairer.engine.report_interval.as_millis().max(1) as u64;
         let seed = parts.config.fleet.seed;
+        let engine = &parts.config.repairer.engine;
+        let unreachable_window_ms =
+            engine.report_interval.saturating_mul(engine.unreachable_after).as_millis() as u64;
         let mut nodes = BTreeMap::new();
         let mut slots = Vec::new();
         for slot in 0..parts.config.fleet.nodes {
             let name = format!("n{slot:05}");
-            nodes.insert(name.clone(), SimNode::new(slot, (u64::from(slot) * 7_919) % interval));
+            nodes.insert(name.clone(), SimNode::new(slot, heartbeat_phase(slot, interval)));
             slots.push(name);
         }
+        let gang_idle = match &parts.gang {
+            Some(gang) => {
+                let mut book = gang.lock();
+                for (slot, name) in slots.iter().enumerate() {
+                    book.join(slot as u32, name);
+                }
+                vec![true; slots.len()]
+            }
+            None => Vec::new(),
+        };
         World {
             config: parts.config,
             catalog: parts.catalog,
             clock: parts.clock,
             engine: parts.engine,
             queue: parts.queue,
+            gang: parts.gang,
+            fleet: parts.fleet,
             commands: parts.commands,
             presence: parts.presence,
             provider: parts.provider,
@@ -120,6 +166,13 @@ impl World {
             tally: Tally::default(),
             rng: fastrand::Rng::with_seed(seed ^ 0x5eed),
             last_nodes: BTreeMap::new(),
+            gangs: BTreeMap::new(),
+            gang_generation: u64::MAX,
+            gang_attempts: BTreeMap::new(),
+            gang_vacant: vec![false; gang_idle.len()],
+            gang_idle,
+            faulted: BTreeSet::new(),
+            unreachable_window_ms,
         }
     }
 
@@ -184,6 +237,7 @@ impl World {
             Happening::Joined { node, slot, category } => self.joined(&node, slot, category),
             Happening::ManualFix { node, since_ms } => self.manual_fix(&node, since_ms),
             Happening::JobWake { job, token } => self.job_wake(&job, token),
+            Happening::GangStep { job, token } => self.gang_step(&job, token),
         }
     }
 }

@@ -225,3 +225,35 @@ fn a_drained_node_that_is_still_alive_costs_a_checkpoint_at_the_signal_not_a_rol
     assert_eq!(job.checkpointed_at_signal, 1, "{}", report.summary());
     assert!(job.lost_hours.rollback < 0.01, "{}", report.summary());
 }
+
+/// The gang scheduler (the default) moves each attempt's ranks as one; the embedded job queue
+/// moves them one by one through their agents. On the same fleet and failures they must tell the
+/// same story: the same faults, the same restarts within a few, the same goodput within 0.02,
+/// and the drained-but-alive node's checkpoint at the signal under both.
+#[test]
+fn the_gang_scheduler_and_the_embedded_queue_agree_on_the_same_failures() {
+    let run = |scheduler: &str| {
+        let config = config(&[
+            ("fleet.nodes", "128"),
+            ("fleet.spares", "4"),
+            ("fleet.duration", "20days"),
+            ("fleet.seed", "3"),
+            ("failures.rate_per_node_day", "0.05"),
+            ("job.scheduler", scheduler),
+        ]);
+        simulate(&config, None).unwrap()
+    };
+    let (gang, queue) = (run("gang"), run("queue"));
+    let summaries = format!("gang:\n{}\nqueue:\n{}", gang.summary(), queue.summary());
+    assert_eq!(gang.failures.node_failures, queue.failures.node_failures, "{summaries}");
+    assert!(gang.failures.node_failures > 50, "too few failures to compare:\n{summaries}");
+    let (g, q) = (&gang.jobs[0], &queue.jobs[0]);
+    assert!(g.interruptions.abs_diff(q.interruptions) <= q.interruptions / 10 + 2, "{summaries}");
+    assert!((gang.ettr - queue.ettr).abs() <= 0.02, "{summaries}");
+    assert!(
+        gang.sim_events * 4 < queue.sim_events,
+        "the gang scheduler should need far fewer events: {} vs {}",
+        gang.sim_events,
+        queue.sim_events
+    );
+}

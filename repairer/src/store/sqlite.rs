@@ -74,6 +74,17 @@ fn sql(operation: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
     move |source| StoreError::Sql { operation, source }
 }
 
+/// Runs one of the store's writes through the connection's statement cache: the same few
+/// statements run for every event and node change, and parsing each again cost more than the
+/// write itself.
+fn write(
+    conn: &Connection,
+    statement: &str,
+    params: impl rusqlite::Params,
+) -> rusqlite::Result<usize> {
+    conn.prepare_cached(statement)?.execute(params)
+}
+
 impl SqliteStore {
     /// Opens (or creates) the store at `path` and migrates it to the current schema.
     pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
@@ -176,7 +187,8 @@ impl StoreBackend for SqliteStore {
 
     fn append_event(&self, event: EventRow<'_>, _fence: Fence) -> Result<i64, StoreError> {
         let conn = self.conn();
-        conn.execute(
+        write(
+            &conn,
             "INSERT INTO events (at_ms, kind, node, body) VALUES (?1, ?2, ?3, ?4)",
             params![event.at_ms, event.kind, event.node, event.body],
         )
@@ -220,13 +232,13 @@ impl StoreBackend for SqliteStore {
         body: &str,
         _fence: Fence,
     ) -> Result<(), StoreError> {
-        self.conn()
-            .execute(
-                "INSERT INTO nodes (name, state, body) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (name) DO UPDATE SET state = excluded.state, body = excluded.body",
-                params![name, state, body],
-            )
-            .map_err(sql("save node"))?;
+        write(
+            &self.conn(),
+            "INSERT INTO nodes (name, state, body) VALUES (?1, ?2, ?3)
+             ON CONFLICT (name) DO UPDATE SET state = excluded.state, body = excluded.body",
+            params![name, state, body],
+        )
+        .map_err(sql("save node"))?;
         Ok(())
     }
 
@@ -236,7 +248,8 @@ impl StoreBackend for SqliteStore {
 
     fn insert_workflow(&self, node: &str, body: &str, _fence: Fence) -> Result<i64, StoreError> {
         let conn = self.conn();
-        conn.execute(
+        write(
+            &conn,
             "INSERT INTO workflows (node, open, body) VALUES (?1, 1, ?2)",
             params![node, body],
         )
@@ -251,12 +264,12 @@ impl StoreBackend for SqliteStore {
         body: &str,
         _fence: Fence,
     ) -> Result<(), StoreError> {
-        self.conn()
-            .execute(
-                "UPDATE workflows SET open = ?2, body = ?3 WHERE id = ?1",
-                params![id, open as i64, body],
-            )
-            .map_err(sql("update workflow"))?;
+        write(
+            &self.conn(),
+            "UPDATE workflows SET open = ?2, body = ?3 WHERE id = ?1",
+            params![id, open as i64, body],
+        )
+        .map_err(sql("update workflow"))?;
         Ok(())
     }
 
@@ -281,13 +294,13 @@ impl StoreBackend for SqliteStore {
     }
 
     fn put_setting(&self, key: &str, body: &str, _fence: Fence) -> Result<(), StoreError> {
-        self.conn()
-            .execute(
-                "INSERT INTO settings (key, body) VALUES (?1, ?2)
-                 ON CONFLICT (key) DO UPDATE SET body = excluded.body",
-                params![key, body],
-            )
-            .map_err(sql("save setting"))?;
+        write(
+            &self.conn(),
+            "INSERT INTO settings (key, body) VALUES (?1, ?2)
+             ON CONFLICT (key) DO UPDATE SET body = excluded.body",
+            params![key, body],
+        )
+        .map_err(sql("save setting"))?;
         Ok(())
     }
 
@@ -299,13 +312,13 @@ impl StoreBackend for SqliteStore {
         body: &str,
         _fence: Fence,
     ) -> Result<(), StoreError> {
-        self.conn()
-            .execute(
-                "INSERT INTO jobs (id, seq, state, body) VALUES (?1, ?2, ?3, ?4)
-                 ON CONFLICT (id) DO UPDATE SET state = excluded.state, body = excluded.body",
-                params![id, seq as i64, state, body],
-            )
-            .map_err(sql("save job"))?;
+        write(
+            &self.conn(),
+            "INSERT INTO jobs (id, seq, state, body) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (id) DO UPDATE SET state = excluded.state, body = excluded.body",
+            params![id, seq as i64, state, body],
+        )
+        .map_err(sql("save job"))?;
         Ok(())
     }
 

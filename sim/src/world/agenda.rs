@@ -18,6 +18,8 @@ pub enum Happening {
     ManualFix { node: String, since_ms: u64 },
     /// A job has something to do by itself.
     JobWake { job: String, token: u64 },
+    /// A timed step of a job's attempt under the gang scheduler.
+    GangStep { job: String, token: u64 },
 }
 
 /// The happenings still to come, earliest first; those due at the same time in the order they

@@ -28,6 +28,7 @@ impl World {
         if visible {
             if let Some(sim) = self.nodes.get_mut(node) {
                 sim.fault = Some(ActiveFault { category, since_ms: now, latent });
+                self.faulted.insert(node.to_owned());
             }
             let fix_at = now + row.replace_time.as_millis() as u64;
             self.schedule(fix_at, Happening::ManualFix { node: node.to_owned(), since_ms: now });
@@ -43,6 +44,10 @@ impl World {
     /// The ranks on `node` die; the jobs they belong to stop making progress. With `reported`,
     /// the agent sees them exit.
     pub(super) fn kill_ranks(&mut self, node: &str, now: u64, reported: bool) {
+        if self.gang.is_some() {
+            self.gang_rank_died(node, now, reported);
+            return;
+        }
         let held = self.held();
         let Some(sim) = self.nodes.get_mut(node) else { return };
         let mut jobs = Vec::new();
@@ -84,6 +89,7 @@ impl World {
             return;
         }
         sim.fault = None;
+        self.faulted.remove(node);
         if sim.up {
             self.report(node, ReportTrigger::Event);
         } else {

@@ -50,7 +50,7 @@ impl World {
         if job.attempt.is_none_or(|a| a < key.attempt) {
             // A new attempt: the last one's interruption is over.
             job.accrue(now, held);
-            let view = self.queue.job(&key.job);
+            let view = self.queue.as_ref().and_then(|q| q.job(&key.job));
             let (launched, ended) = view
                 .as_ref()
                 .map(|v| {
@@ -118,7 +118,10 @@ impl World {
             .jobs
             .get(&key.job)
             .is_some_and(|j| j.interrupted.is_none_or(|i| i.stop_requested_ms.is_none()));
-        let requested = if first { self.queue.stop_requested_ms(&key.job) } else { None };
+        let requested = match &self.queue {
+            Some(queue) if first => queue.stop_requested_ms(&key.job),
+            _ => None,
+        };
         let on_signal = self.config.job.checkpoint_on_signal;
         let write = self.config.job.checkpoint_write.as_millis() as u64;
         let Some(job) = self.jobs.get_mut(&key.job).filter(|j| j.attempt == Some(key.attempt))
@@ -224,21 +227,28 @@ impl World {
             };
             let token = job.token.clone();
             self.tally.events += 1;
-            match self.queue.progress(id, Some(&token), &progress) {
-                Ok(reply) => {
-                    if let (Some(every), Interval::Auto) =
-                        (reply.checkpoint_every, self.config.job.checkpoint_every)
-                        && let Some(job) = self.jobs.get_mut(id)
-                    {
-                        job.interval_s = (every as f64 * step_s).max(step_s);
-                        if job.phase == Phase::Training {
-                            job.next_checkpoint_s =
-                                job.next_checkpoint_s.min(job.checkpoint_s + job.interval_s);
-                        }
+            let every = match self.queue.clone() {
+                Some(queue) => match queue.progress(id, Some(&token), &progress) {
+                    Ok(reply) => reply.checkpoint_every,
+                    Err(err) => {
+                        tracing::debug!(job = id, error = %err, "a simulated progress post was refused");
+                        None
                     }
+                },
+                None => {
+                    if let Some(seconds) = progress.checkpoint_write_seconds {
+                        self.gang_checkpoint_written(id, seconds);
+                    }
+                    self.gang_auto_steps(id)
                 }
-                Err(err) => {
-                    tracing::debug!(job = id, error = %err, "a simulated progress post was refused")
+            };
+            if let (Some(every), Interval::Auto) = (every, self.config.job.checkpoint_every)
+                && let Some(job) = self.jobs.get_mut(id)
+            {
+                job.interval_s = (every as f64 * step_s).max(step_s);
+                if job.phase == Phase::Training {
+                    job.next_checkpoint_s =
+                        job.next_checkpoint_s.min(job.checkpoint_s + job.interval_s);
                 }
             }
         }

@@ -53,6 +53,7 @@ impl World {
             }
             if row.reboot_clears {
                 sim.fault = None;
+                self.faulted.remove(node);
                 if draw < silent_rate {
                     relapse = Some(fault.category);
                 }
@@ -89,6 +90,9 @@ impl World {
         let Some(sim) = self.nodes.get_mut(node) else { return };
         sim.retired = true;
         let slot = sim.slot;
+        if let Some(vacant) = self.gang_vacant.get_mut(slot as usize) {
+            *vacant = true;
+        }
         let category = sim.fault.as_ref().map_or(usize::MAX, |f| f.category);
         let replace_time = self
             .catalog
@@ -108,9 +112,15 @@ impl World {
         let silent_rate = self.config.failures.silent_repair_rate;
         let draw = self.rng.f64();
         self.nodes
-            .insert(node.to_owned(), SimNode::new(slot, (u64::from(slot) * 7_919) % interval));
+            .insert(node.to_owned(), SimNode::new(slot, super::heartbeat_phase(slot, interval)));
         if let Some(name) = self.slots.get_mut(slot as usize) {
             *name = node.to_owned();
+        }
+        if let Some(gang) = &self.gang {
+            gang.lock().join(slot, node);
+        }
+        if let Some(vacant) = self.gang_vacant.get_mut(slot as usize) {
+            *vacant = false;
         }
         self.report(node, ReportTrigger::Startup);
         if draw < silent_rate && category < self.catalog.categories.len() {

@@ -1,0 +1,173 @@
+//! Placement under the gang scheduler: the queue's own [`placement::place`] over the idle nodes,
+//! and the launch of the attempts it places.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use fleetmend_repairer::model::NodeState;
+use fleetmend_repairer::queue::placement::{self, Candidate, Waiting};
+use fleetmend_repairer::scheduler::is_spare;
+
+use super::{GangJob, State};
+use crate::gang::GangScheduler;
+use crate::job::Phase;
+use crate::world::World;
+
+impl World {
+    /// Places the waiting jobs with the queue's placement, where the fleet has room for them.
+    pub(super) fn gang_place(&mut self) {
+        let Some(gang) = self.gang.clone() else { return };
+        let now = self.now();
+        let Some(smallest) = self
+            .gangs
+            .values()
+            .filter(|g| g.state == State::Queued)
+            .map(|g| u64::from(g.nodes_wanted))
+            .min()
+        else {
+            return;
+        };
+        // Placement reads the idle nodes (those no job holds, kept as the jobs come and go), not
+        // the whole fleet, and only when the healthy nodes no job holds could fit a job.
+        let not_healthy = self.fleet.not_healthy();
+        if smallest > self.gang_free(&gang, &not_healthy) {
+            return;
+        }
+        let waiting: Vec<Waiting<'_>> = self
+            .gangs
+            .iter()
+            .filter(|(_, g)| matches!(g.state, State::Queued | State::Stopping(_)))
+            .map(|(id, g)| Waiting {
+                id,
+                nodes: g.nodes_wanted,
+                priority: 0,
+                requeued: g.restarts > 0,
+                seq: g.seq,
+                previous_port: None,
+                stopping: matches!(g.state, State::Stopping(_)),
+            })
+            .collect();
+        // The few nodes that are not plain healthy, undrained and heard from, by slot.
+        let placements = {
+            let book = gang.lock();
+            let mut unlike: BTreeMap<u32, Candidate<'_>> = BTreeMap::new();
+            let mut note = |name: &str| {
+                let Some(slot) = book.slot(name) else { return };
+                let name = self.in_slot(slot);
+                unlike.entry(slot).or_insert_with(|| Candidate {
+                    name,
+                    state: not_healthy.get(name).copied().unwrap_or(NodeState::Healthy),
+                    last_report_ms: self.presence.down_since(name).unwrap_or(now),
+                    address: None,
+                    drained: book.drained.contains_key(name),
+                    spare: book.drained.get(name).is_some_and(|r| is_spare(r)),
+                    busy: false,
+                });
+            };
+            let down = self.presence.down();
+            // A retired node's slot is no candidate until its replacement joins (`gang_vacant`).
+            let not_retired = not_healthy.iter().filter(|(_, s)| **s != NodeState::Retired);
+            for name in not_retired.map(|(n, _)| n).chain(book.drained.keys()).chain(down.keys()) {
+                note(name);
+            }
+            let candidates: Vec<Candidate<'_>> = self
+                .gang_idle
+                .iter()
+                .enumerate()
+                .filter(|(slot, idle)| **idle && !self.gang_vacant.get(*slot).is_some_and(|v| *v))
+                .map(|(slot, _)| {
+                    unlike.get(&(slot as u32)).cloned().unwrap_or_else(|| Candidate {
+                        name: self.in_slot(slot as u32),
+                        state: NodeState::Healthy,
+                        last_report_ms: now,
+                        address: None,
+                        drained: false,
+                        spare: false,
+                        busy: false,
+                    })
+                })
+                .collect();
+            let (placements, _blocked) = placement::place(
+                &waiting,
+                &candidates,
+                &BTreeSet::new(),
+                29_500..=29_999,
+                now,
+                self.unreachable_window_ms,
+            );
+            placements
+        };
+        for placement in placements {
+            let slots: Vec<u32> = {
+                let mut book = gang.lock();
+                for spare in &placement.spares {
+                    book.drained.remove(spare);
+                }
+                placement.nodes.iter().filter_map(|n| book.slot(n)).collect()
+            };
+            self.gang_launch(&placement.job, slots, now);
+        }
+    }
+
+    /// Launches the job's next attempt on `slots`.
+    fn gang_launch(&mut self, id: &str, slots: Vec<u32>, now: u64) {
+        let held = self.held();
+        let chosen: BTreeSet<u32> = slots.iter().copied().collect();
+        let Some(job) = self.gangs.get_mut(id) else { return };
+        if job.attempt > 0 {
+            self.tally.spares_used += chosen.difference(&job.last_slots).count() as u32;
+        }
+        job.last_slots = chosen.clone();
+        job.attempt += 1;
+        job.started_ms = now;
+        job.checkpoint_asked = None;
+        job.state = State::Launching { since_ms: now };
+        job.live = chosen;
+        job.slots = slots.clone();
+        let attempt = job.attempt;
+        let ended = job.ended_ms;
+        self.hold(id, &slots);
+        if let Some(sim) = self.jobs.get_mut(id) {
+            sim.accrue(now, held);
+            sim.account_interruption(ended, now, held);
+            sim.accrue(now, held);
+            sim.attempt = Some(attempt);
+            sim.phase = Phase::Launching;
+        }
+        let started = self.heard_span(id, now).map_or(now + 1, |(_, last)| last);
+        self.schedule_gang(id, started);
+    }
+
+    /// The healthy nodes no job holds: a bound on what placement could find. A node's state is
+    /// the engine's: healthy unless among the few that are not.
+    fn gang_free(&self, gang: &GangScheduler, not_healthy: &BTreeMap<String, NodeState>) -> u64 {
+        let held: usize = self
+            .gangs
+            .values()
+            .map(|g| match g.state {
+                State::Queued => 0,
+                State::Stopping(_) => g.live.len(),
+                State::Launching { .. } | State::Running => g.slots.len(),
+            })
+            .sum();
+        let held_not_healthy = {
+            let book = gang.lock();
+            let mut by_index: Vec<Option<&GangJob>> = vec![None; book.jobs.len()];
+            for job in self.gangs.values() {
+                if let Some(at) = by_index.get_mut(job.index) {
+                    *at = Some(job);
+                }
+            }
+            not_healthy
+                .iter()
+                .filter(|(_, state)| **state != NodeState::Retired)
+                .filter_map(|(node, _)| book.slot(node))
+                .filter(|slot| {
+                    book.holder[*slot as usize]
+                        .and_then(|index| by_index.get(index).copied().flatten())
+                        .is_some_and(|g| g.holds(*slot))
+                })
+                .count()
+        };
+        self.fleet.healthy().saturating_sub(held.saturating_sub(held_not_healthy) as u64)
+    }
+}
