@@ -463,6 +463,16 @@ impl crate::ports::FleetView for Nodes {
         self.lock().inner.counts.not_healthy.clone()
     }
 
+    fn not_healthy_in_service(&self) -> BTreeMap<String, NodeState> {
+        let nodes = self.lock();
+        let not_healthy = &nodes.inner.counts.not_healthy;
+        not_healthy
+            .iter()
+            .filter(|(_, state)| **state != NodeState::Retired)
+            .map(|(name, state)| (name.clone(), *state))
+            .collect()
+    }
+
     fn members(&self) -> u32 {
         self.lock().inner.counts.members
     }

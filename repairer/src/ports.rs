@@ -77,6 +77,13 @@ pub trait FleetView: Send + Sync {
     fn healthy(&self) -> u64;
     /// The nodes that are not healthy, and their states (read without a pass over the fleet).
     fn not_healthy(&self) -> std::collections::BTreeMap<String, NodeState>;
+    /// [`FleetView::not_healthy`] less the retired nodes, whose records stay for the audit
+    /// trail and grow with a fleet's age: what can still hold or take work.
+    fn not_healthy_in_service(&self) -> std::collections::BTreeMap<String, NodeState> {
+        let mut nodes = self.not_healthy();
+        nodes.retain(|_, state| *state != NodeState::Retired);
+        nodes
+    }
     /// The nodes in the fleet (not retired, not outside the inventory): what a share of the fleet
     /// is taken of.
     fn members(&self) -> u32;

@@ -145,17 +145,16 @@ impl World {
     }
 
     /// The nodes of `among` that are down or retired. Such a node is down in [`Presence`] or not
-    /// healthy in the engine's eyes (retired by a repair): those few are read, not every node of
-    /// `among`.
+    /// healthy in the engine's eyes (being repaired): those few are read, not every node of
+    /// `among`. A retired node was repairing first, and its rank lost then: retired records are
+    /// not read.
     ///
     /// [`Presence`]: crate::ports::Presence
     fn silent_among(&self, among: &BTreeSet<u32>) -> BTreeSet<u32> {
         let down = self.presence.down();
-        let not_healthy = self.fleet.not_healthy();
-        // A retired node was repairing first, and its rank lost then.
-        let not_retired = not_healthy.iter().filter(|(_, s)| **s != NodeState::Retired);
+        let not_healthy = self.fleet.not_healthy_in_service();
         down.keys()
-            .chain(not_retired.map(|(name, _)| name))
+            .chain(not_healthy.keys())
             .filter_map(|name| {
                 let node = self.nodes.get(name).filter(|s| !s.up || s.retired)?;
                 let current = self.slots.get(node.slot as usize).is_some_and(|n| n == name);
@@ -532,12 +531,12 @@ impl World {
         let Some(gang) = self.gang.clone() else { return };
         let unusable: Vec<(u32, usize)> = {
             let book = gang.lock();
+            // A retired node was repairing first: its rank was lost then. (Retired nodes stay
+            // in the engine's records, and are passed over here unread.)
             self.fleet
-                .not_healthy()
+                .not_healthy_in_service()
                 .into_iter()
                 .filter(|(_, state)| {
-                    // A retired node was repairing first: its rank was lost then. (Retired
-                    // nodes stay in the engine's records, and are passed over here unread.)
                     matches!(
                         state,
                         NodeState::Unreachable

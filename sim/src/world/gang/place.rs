@@ -28,7 +28,7 @@ impl World {
         };
         // Placement reads the idle nodes (those no job holds, kept as the jobs come and go), not
         // the whole fleet, and only when the healthy nodes no job holds could fit a job.
-        let not_healthy = self.fleet.not_healthy();
+        let not_healthy = self.fleet.not_healthy_in_service();
         if smallest > self.gang_free(&gang, &not_healthy) {
             return;
         }
@@ -64,9 +64,9 @@ impl World {
                 });
             };
             let down = self.presence.down();
-            // A retired node's slot is no candidate until its replacement joins (`gang_vacant`).
-            let not_retired = not_healthy.iter().filter(|(_, s)| **s != NodeState::Retired);
-            for name in not_retired.map(|(n, _)| n).chain(book.drained.keys()).chain(down.keys()) {
+            // A retired node's slot is no candidate until its replacement joins (`gang_vacant`),
+            // and retired records are not read.
+            for name in not_healthy.keys().chain(book.drained.keys()).chain(down.keys()) {
                 note(name);
             }
             let candidates: Vec<Candidate<'_>> = self
@@ -158,9 +158,8 @@ impl World {
                 }
             }
             not_healthy
-                .iter()
-                .filter(|(_, state)| **state != NodeState::Retired)
-                .filter_map(|(node, _)| book.slot(node))
+                .keys()
+                .filter_map(|node| book.slot(node))
                 .filter(|slot| {
                     book.holder[*slot as usize]
                         .and_then(|index| by_index.get(index).copied().flatten())
