@@ -4,9 +4,16 @@
 //! A run that does not finish in time is recorded as timed out (naming the check) and the worker
 //! is left to finish on its own; while it is still stuck the check is not started again, so a hung
 //! probe costs one thread, not one per interval.
+//!
+//! A check whose query hangs is often the fault itself: NVML stuck in a GPU that stopped
+//! answering the driver, a disk whose I/O never completes, a NIC driver that holds its lock. After
+//! [`UNRESPONSIVE_AFTER`] timed-out runs in a row the GPU, disk and NIC checks fail with
+//! `gpu_unresponsive`, `disk_unresponsive` or `nic_unresponsive` and recommend what clears such a
+//! hang, so the fault that stalls the monitor is the fault reported (one timeout alone is an
+//! `unknown` `check_timeout`: a slow run, not yet a fault).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -60,11 +67,41 @@ impl CheckResult {
     }
 }
 
+/// Timed-out runs in a row after which a hung GPU, disk or NIC check is a failure of its own.
+pub const UNRESPONSIVE_AFTER: u32 = 3;
+
+/// What a check that keeps hanging says about the node: its finding's id, the action that clears
+/// such a hang, and why.
+fn unresponsive(check: &str) -> Option<(&'static str, RecommendedAction, &'static str)> {
+    use crate::checks::{disk, gpu, nic};
+    match check {
+        gpu::NAME => Some((
+            "gpu_unresponsive",
+            RecommendedAction::Reboot,
+            "a GPU query (NVML) does not return: the driver or a GPU is hung, which a reboot resets",
+        )),
+        disk::NAME => Some((
+            "disk_unresponsive",
+            RecommendedAction::Reboot,
+            "a disk probe does not return: I/O to a device is hung (tasks in D state clear only \
+             with a reboot)",
+        )),
+        nic::NAME => Some((
+            "nic_unresponsive",
+            RecommendedAction::Drain,
+            "a NIC query does not return: the network driver is hung",
+        )),
+        _ => None,
+    }
+}
+
 /// One check, ready to run repeatedly.
 pub struct CheckSlot {
     name: &'static str,
     check: Arc<Mutex<Box<dyn Check>>>,
     in_flight: Arc<AtomicBool>,
+    /// Runs in a row that timed out.
+    timeouts_in_a_row: AtomicU32,
     schedule: Schedule,
     events: EventSignal,
 }
@@ -81,6 +118,7 @@ impl CheckSlot {
             name: scheduled.check.name(),
             check: Arc::new(Mutex::new(scheduled.check)),
             in_flight: Arc::new(AtomicBool::new(false)),
+            timeouts_in_a_row: AtomicU32::new(0),
             schedule: scheduled.schedule,
             events: scheduled.events,
         }
@@ -96,7 +134,8 @@ impl CheckSlot {
         let timeout = self.schedule.timeout;
         let started = Instant::now();
         if self.in_flight.swap(true, Ordering::AcqRel) {
-            return timed_out(name, timeout, "its previous run has not finished yet");
+            let in_a_row = self.timeouts_in_a_row.fetch_add(1, Ordering::AcqRel) + 1;
+            return timed_out(name, timeout, "its previous run has not finished yet", in_a_row);
         }
         let check = Arc::clone(&self.check);
         let in_flight = Arc::clone(&self.in_flight);
@@ -110,13 +149,16 @@ impl CheckSlot {
             observation
         });
         match tokio::time::timeout(timeout, worker).await {
-            Ok(Ok(observation)) => CheckResult {
-                check: name,
-                observation,
-                duration: started.elapsed(),
-                timed_out: false,
-                finished_at: SystemTime::now(),
-            },
+            Ok(Ok(observation)) => {
+                self.timeouts_in_a_row.store(0, Ordering::Release);
+                CheckResult {
+                    check: name,
+                    observation,
+                    duration: started.elapsed(),
+                    timed_out: false,
+                    finished_at: SystemTime::now(),
+                }
+            }
             Ok(Err(join_error)) => {
                 self.in_flight.store(false, Ordering::Release);
                 let why = if join_error.is_panic() { "panicked" } else { "was cancelled" };
@@ -138,25 +180,36 @@ impl CheckSlot {
                 }
             }
             Err(_elapsed) => {
-                tracing::warn!(check = name, timeout = ?timeout, "check timed out");
-                timed_out(name, timeout, "it did not finish in time")
+                let in_a_row = self.timeouts_in_a_row.fetch_add(1, Ordering::AcqRel) + 1;
+                tracing::warn!(check = name, timeout = ?timeout, in_a_row, "check timed out");
+                timed_out(name, timeout, "it did not finish in time", in_a_row)
             }
         }
     }
 }
 
-fn timed_out(name: &'static str, timeout: Duration, why: &str) -> CheckResult {
-    let finding = Finding::new(
-        name,
-        "check_timeout",
-        "",
-        Status::Unknown,
-        RecommendedAction::None,
-        format!(
-            "the {name} check timed out after {}: {why}",
-            humantime::format_duration(Duration::from_millis(timeout.as_millis() as u64))
+/// The result of a run that timed out, the `in_a_row`-th in a row: `check_timeout` (unknown), or
+/// past [`UNRESPONSIVE_AFTER`] the check's own `*_unresponsive` failure where it has one.
+fn timed_out(name: &'static str, timeout: Duration, why: &str, in_a_row: u32) -> CheckResult {
+    let took = humantime::format_duration(Duration::from_millis(timeout.as_millis() as u64));
+    let finding = match unresponsive(name).filter(|_| in_a_row >= UNRESPONSIVE_AFTER) {
+        Some((id, action, meaning)) => Finding::new(
+            name,
+            id,
+            "",
+            Status::Fail,
+            action,
+            format!("{meaning}: {in_a_row} runs in a row timed out after {took} each ({why})"),
         ),
-    );
+        None => Finding::new(
+            name,
+            "check_timeout",
+            "",
+            Status::Unknown,
+            RecommendedAction::None,
+            format!("the {name} check timed out after {took}: {why}"),
+        ),
+    };
     CheckResult {
         check: name,
         observation: Observation { findings: vec![finding], samples: Vec::new() },
