@@ -6,7 +6,7 @@
 //! What a failure means to its caller (an unknown node, a scheduler error) is the caller's to say.
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use fleetmend_process::RunError;
@@ -170,11 +170,23 @@ impl Commands {
         program: &str,
         args: &[&str],
     ) -> Result<String, CommandError> {
+        self.run_in(operation, program, args, None).await
+    }
+
+    /// [`Commands::run`] in `context`'s directory with its environment added (sbatch's job
+    /// settings).
+    async fn run_in(
+        &self,
+        operation: &str,
+        program: &str,
+        args: &[&str],
+        context: Option<&Context<'_>>,
+    ) -> Result<String, CommandError> {
         let deadline = Instant::now() + self.controller_retry_for;
         let backoff = Backoff::new(FIRST_RETRY_BACKOFF, self.controller_retry_max_backoff);
         let mut attempt = 1u32;
         loop {
-            match self.run_once(program, args).await {
+            match self.run_once(program, args, context).await {
                 Err(CommandError::Exit { stderr, line, status })
                     if stderr.contains(CONTROLLER_UNREACHABLE) =>
                 {
@@ -206,12 +218,20 @@ impl Commands {
 
     /// Runs one command with the timeout; a non-zero exit is an error with the command line and
     /// its stderr.
-    async fn run_once(&self, program: &str, args: &[&str]) -> Result<String, CommandError> {
+    async fn run_once(
+        &self,
+        program: &str,
+        args: &[&str],
+        context: Option<&Context<'_>>,
+    ) -> Result<String, CommandError> {
         let path = self.program(program);
         let mut command = tokio::process::Command::new(&path);
         command.args(args);
         if let Some(conf) = &self.slurm_conf {
             command.env("SLURM_CONF", conf);
+        }
+        if let Some(context) = context {
+            command.current_dir(context.dir).envs(context.env.iter().map(|(k, v)| (k, v)));
         }
         let line = format!("{} {}", path.display(), args.join(" "));
         let options = fleetmend_process::Options {
@@ -366,11 +386,58 @@ impl Commands {
         self.run(operation, "scontrol", &["requeue", job]).await.map(drop)
     }
 
+    /// `sinfo -h -N -o %N`: the cluster's node names in sinfo's order, each once (sinfo lists a
+    /// node once per partition).
+    pub async fn node_names(&self, operation: &str) -> Result<Vec<String>, CommandError> {
+        let stdout = self.run(operation, "sinfo", &["-h", "-N", "-o", "%N"]).await?;
+        let mut names: Vec<String> = Vec::new();
+        for name in non_empty_lines(&stdout) {
+            if !names.iter().any(|n| n == name) {
+                names.push(name.to_owned());
+            }
+        }
+        Ok(names)
+    }
+
+    /// `scontrol show job -o JOB`: the job's record on one line.
+    pub async fn show_job(&self, operation: &str, job: &str) -> Result<String, CommandError> {
+        self.run(operation, "scontrol", &["show", "job", "-o", job]).await
+    }
+
+    /// `scancel JOB`: its steps get SIGTERM (and its checkpoint protocol's chance to write).
+    pub async fn cancel(&self, operation: &str, job: &str) -> Result<(), CommandError> {
+        self.run(operation, "scancel", &[job]).await.map(drop)
+    }
+
+    /// `sbatch --parsable ARGS SCRIPT`, run in `dir` with `env` added to the environment the job
+    /// inherits: sbatch's answer (`ID` or `ID;CLUSTER`).
+    pub async fn sbatch(
+        &self,
+        operation: &str,
+        args: &[&str],
+        script: &Path,
+        dir: &Path,
+        env: &[(&str, String)],
+    ) -> Result<String, CommandError> {
+        let script = script.display().to_string();
+        let mut all = vec!["--parsable"];
+        all.extend_from_slice(args);
+        all.push(&script);
+        let context = Context { dir, env };
+        self.run_in(operation, "sbatch", &all, Some(&context)).await
+    }
+
     /// `scontrol update JobId=JOB StartTime=now`.
     pub async fn start_now(&self, operation: &str, job: &str) -> Result<(), CommandError> {
         let job_arg = format!("JobId={job}");
         self.run(operation, "scontrol", &["update", &job_arg, "StartTime=now"]).await.map(drop)
     }
+}
+
+/// Where a command runs and what it adds to its environment.
+struct Context<'a> {
+    dir: &'a Path,
+    env: &'a [(&'a str, String)],
 }
 
 /// The `scontrol` arguments that reboot `name` (see [`Commands::reboot`]).

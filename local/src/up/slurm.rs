@@ -43,6 +43,14 @@ pub enum SlurmUpError {
     TooFewNodes { found: usize, names: String, nodes: u32, spares: u32 },
     #[error("sbatch printed no job id: {0:?}")]
     NoJobId(String),
+    #[error(transparent)]
+    Slurm(Box<fleetmend_slurm::CommandError>),
+}
+
+impl From<fleetmend_slurm::CommandError> for SlurmUpError {
+    fn from(err: fleetmend_slurm::CommandError) -> SlurmUpError {
+        SlurmUpError::Slurm(Box::new(err))
+    }
 }
 
 /// Runs `command` in a process group of its own; kills the group when `timeout` passes. A
@@ -86,6 +94,8 @@ fn command(program: impl AsRef<OsStr>, args: &[&str]) -> Command {
 #[derive(Debug)]
 pub struct SlurmCluster {
     conf: PathBuf,
+    /// Its client commands (every Slurm command line is a method of `fleetmend_slurm::Commands`).
+    commands: fleetmend_slurm::Commands,
     /// The dev cluster's directory, when `fleetmend up` started it (and stops it).
     dev_cluster: Option<PathBuf>,
     /// Slurm's node names, in `sinfo`'s order.
@@ -118,19 +128,20 @@ impl SlurmCluster {
                 (dir.join("slurm.conf"), Some(dir))
             }
         };
-        let mut cluster = SlurmCluster { conf, dev_cluster, nodes: Vec::new() };
-        let listed = cluster.slurm("sinfo", &["-h", "-N", "-o", "%N"]).await;
-        let listed = match listed {
-            Ok(listed) => listed,
+        let commands = fleetmend_slurm::Commands {
+            bin_dir: None,
+            slurm_conf: Some(conf.clone()),
+            command_timeout: COMMAND_TIMEOUT,
+            // The fleet's own cluster answers or the run fails: nothing to wait out.
+            controller_retry_for: Duration::ZERO,
+            controller_retry_max_backoff: Duration::from_secs(1),
+        };
+        let mut cluster = SlurmCluster { conf, commands, dev_cluster, nodes: Vec::new() };
+        match cluster.commands.node_names("list the nodes").await {
+            Ok(names) => cluster.nodes = names,
             Err(err) => {
                 cluster.stop().await;
-                return Err(err);
-            }
-        };
-        for name in listed.lines().map(str::trim).filter(|n| !n.is_empty()) {
-            // sinfo -N lists a node once per partition.
-            if !cluster.nodes.iter().any(|n| n == name) {
-                cluster.nodes.push(name.to_owned());
+                return Err(err.into());
             }
         }
         Ok(cluster)
@@ -165,11 +176,9 @@ impl SlurmCluster {
         Ok(names.iter().cloned().zip(self.nodes.iter().cloned()).collect())
     }
 
-    /// Runs a Slurm client command against the cluster; its stdout.
-    pub async fn slurm(&self, program: &str, args: &[&str]) -> Result<String, SlurmUpError> {
-        let mut slurm = command(program, args);
-        slurm.env("SLURM_CONF", &self.conf);
-        Ok(run(slurm, COMMAND_TIMEOUT).await?.stdout.text())
+    /// The cluster's client commands.
+    pub fn commands(&self) -> &fleetmend_slurm::Commands {
+        &self.commands
     }
 
     /// Stops the dev cluster `fleetmend up` started (a cluster of the user's own is left alone).
@@ -302,27 +311,31 @@ impl SlurmJob {
         write_executable(&settings.script, RESUMABLE_SBATCH)?;
         std::fs::create_dir_all(&settings.checkpoints)
             .map_err(|source| SlurmUpError::Write { path: settings.checkpoints.clone(), source })?;
-        let output_pattern = settings.output_dir.join("train-%j.out");
-        let mut sbatch = command("sbatch", &["--parsable"]);
-        sbatch
-            .arg(format!("--nodes={}", settings.nodes))
-            .arg("--output")
-            .arg(&output_pattern)
-            .arg(&settings.script)
-            .current_dir(&settings.output_dir)
-            .env("SLURM_CONF", cluster.conf())
-            .env("FLEETMEND", &settings.exe)
-            .env("FLEETMEND_CHECKPOINT_DIR", &settings.checkpoints)
-            .env("FLEETMEND_TRAIN_STEPS", settings.steps.to_string())
-            .env("FLEETMEND_CHECKPOINT_EVERY", &settings.checkpoint_every)
-            .env("FLEETMEND_TRAIN_ARGS", &settings.train_args);
+        let output_pattern = settings.output_dir.join("train-%j.out").display().to_string();
+        let nodes = format!("--nodes={}", settings.nodes);
+        let mut env = vec![
+            ("FLEETMEND", settings.exe.display().to_string()),
+            ("FLEETMEND_CHECKPOINT_DIR", settings.checkpoints.display().to_string()),
+            ("FLEETMEND_TRAIN_STEPS", settings.steps.to_string()),
+            ("FLEETMEND_CHECKPOINT_EVERY", settings.checkpoint_every.clone()),
+            ("FLEETMEND_TRAIN_ARGS", settings.train_args.clone()),
+        ];
         // Job ids start at 1 in every dev cluster: rank 0's port is taken from one free now, not
         // from the id alone, so that fleets side by side do not meet on one port.
         if let Some(base) = master_port_base() {
-            sbatch.env("FLEETMEND_MASTER_PORT_BASE", base.to_string());
+            env.push(("FLEETMEND_MASTER_PORT_BASE", base.to_string()));
         }
-        let output = run(sbatch, COMMAND_TIMEOUT).await?;
-        let printed = output.stdout.text().trim().to_owned();
+        let printed = cluster
+            .commands
+            .sbatch(
+                "submit the job",
+                &[&nodes, "--output", &output_pattern],
+                &settings.script,
+                &settings.output_dir,
+                &env,
+            )
+            .await?;
+        let printed = printed.trim().to_owned();
         // `--parsable` prints `ID` or `ID;CLUSTER`.
         let id = printed.split(';').next().unwrap_or_default().to_owned();
         if id.is_empty() || !id.chars().all(|c| c.is_ascii_digit()) {
@@ -346,7 +359,8 @@ impl SlurmJob {
     /// does not answer.
     pub async fn refresh(&self, cluster: &SlurmCluster) -> Option<SlurmJobStatus> {
         let read = cluster
-            .slurm("scontrol", &["show", "job", "-o", &self.id])
+            .commands
+            .show_job("read the job", &self.id)
             .await
             .ok()
             .and_then(|text| SlurmJobStatus::parse(&self.id, text.trim()));

@@ -109,7 +109,7 @@ impl SlurmFleet {
         let unfinished = self.job.as_ref().filter(|j| !j.status().is_some_and(|s| s.is_final()));
         if let Some(job) = unfinished {
             // The ranks get SIGTERM from Slurm and write a checkpoint.
-            if let Err(err) = self.cluster.slurm("scancel", &[&job.id]).await {
+            if let Err(err) = self.cluster.commands().cancel("cancel the job", &job.id).await {
                 tracing::warn!(error = %err, "cancelling the Slurm job failed");
             }
         }
@@ -123,7 +123,7 @@ async fn watch_slurm_spares(
     spares: Arc<Mutex<Vec<String>>>,
 ) {
     loop {
-        if let Ok(listing) = cluster.slurm("sinfo", &["-h", "-N", "-o", "%N|%T|%E"]).await {
+        if let Ok(listing) = cluster.commands().node_states("watch the spares").await {
             let held: Vec<String> = slurm_spares::parse_nodes(&listing)
                 .into_iter()
                 .filter(slurm_spares::NodeLine::is_spare)
