@@ -36,7 +36,7 @@ pub enum Request {
     /// SIGUSR1 to the job's ranks: write a checkpoint.
     Checkpoint { job: String, at_ms: u64 },
     /// Stop the job's attempt (after the checkpoint asked for) and requeue it.
-    Requeue { job: String, at_ms: u64 },
+    Requeue { job: String },
     /// A node went back to placement: a waiting job may fit now.
     Undrained,
 }
@@ -207,8 +207,7 @@ impl Scheduler for GangScheduler {
     fn requeue<'a>(&'a self, job: &'a str) -> BoxFuture<'a, Result<(), SchedulerError>> {
         Box::pin(async move {
             self.known(job)?;
-            let at_ms = self.clock.now_ms();
-            self.lock().requests.push(Request::Requeue { job: job.to_owned(), at_ms });
+            self.lock().requests.push(Request::Requeue { job: job.to_owned() });
             Ok(())
         })
     }

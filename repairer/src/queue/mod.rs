@@ -36,6 +36,7 @@ pub use self::job::{
     AttemptRecord, CheckpointEvery, Job, JobSpec, JobState, JobView, MAX_JOB_NAME, MAX_RESTARTS,
     RESERVED_ENV, RankRecord, Stop, StopCause, StopPhase,
 };
+pub use self::stop::checkpoint_grace_ms;
 use self::stop::phase_signal;
 use crate::clock::{self, SharedClock};
 use crate::commands::CommandQueue;

@@ -277,12 +277,13 @@ pub(super) fn signal_command(key: &RankKey, signal: RankSignal) -> NodeCommand {
     )
 }
 
-/// How long a stopping job has to write its checkpoint after SIGUSR1: `checkpoint_grace`, or,
-/// while every rank still runs (`whole`: a drain, not a crash), twice the job's own measured
-/// checkpoint write when that is longer — a 405B model's 60 s write must not be cut short by a
-/// 30 s grace and cost a rollback instead. A job that already lost a rank cannot finish a
+/// How long a stopping job has to write its checkpoint after SIGUSR1 (the simulator's gang
+/// scheduler follows the same rule): `checkpoint_grace`, or, while every rank still runs
+/// (`whole`: a drain, not a crash), twice the job's own measured checkpoint write when that is
+/// longer — a 405B model's 60 s write must not be cut short by a 30 s grace and cost a rollback
+/// instead. A job that already lost a rank cannot finish a
 /// collective checkpoint: waiting longer for one would only add to its downtime.
-fn checkpoint_grace_ms(
+pub fn checkpoint_grace_ms(
     configured: std::time::Duration,
     measured_write_s: Option<f64>,
     whole: bool,

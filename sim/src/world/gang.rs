@@ -20,6 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use fleetmend_repairer::model::NodeState;
+use fleetmend_repairer::queue::checkpoint_grace_ms;
 use fleetmend_repairer::queue::interval::young_daly_steps;
 
 mod place;
@@ -183,7 +184,7 @@ impl World {
         for request in gang.take() {
             match request {
                 Request::Checkpoint { job, at_ms } => self.gang_checkpoint(&job, at_ms),
-                Request::Requeue { job, at_ms } => self.gang_requeue(&job, at_ms),
+                Request::Requeue { job } => self.gang_requeue(&job),
                 Request::Undrained => place = true,
             }
         }
@@ -243,7 +244,7 @@ impl World {
     }
 
     /// The repairer requeues the job: its stop counts from the checkpoint it asked for, if any.
-    fn gang_requeue(&mut self, id: &str, _at_ms: u64) {
+    fn gang_requeue(&mut self, id: &str) {
         let now = self.now();
         let Some(gang) = self.gang_job(id) else { return };
         if !matches!(gang.state, State::Launching { .. } | State::Running) {
@@ -374,7 +375,7 @@ impl World {
     /// given up on; done when no rank is live.
     fn gang_advance(&mut self, id: &str) {
         let now = self.now();
-        let grace = self.config.repairer.queue.checkpoint_grace.as_millis() as u64;
+        let grace = self.config.repairer.queue.checkpoint_grace;
         let stop_grace = self.config.repairer.queue.stop_grace.as_millis() as u64;
         let checkpoints = self.jobs.get(id).map_or(0, |j| j.checkpoints);
         let Some(gang) = self.gangs.get(id) else { return };
@@ -393,10 +394,7 @@ impl World {
         let elapsed = now.saturating_sub(stop.since_ms);
         let next = match stop.phase {
             StopPhase::Checkpoint => {
-                let grace = match measured.filter(|s| stop.whole && s.is_finite() && *s > 0.0) {
-                    Some(s) => grace.max((2.0 * s * 1000.0).ceil() as u64),
-                    None => grace,
-                };
+                let grace = checkpoint_grace_ms(grace, measured, stop.whole);
                 if checkpoints > stop.checkpoints_before || elapsed >= grace {
                     Some(StopPhase::Term)
                 } else {
