@@ -216,6 +216,25 @@ struct VirtualState {
     next_id: u64,
     /// (deadline, id) → the sleeper to wake.
     sleepers: BTreeMap<(u64, u64), oneshot::Sender<()>>,
+    /// Sleepers at the last sweep of the dropped ones: the next sweep comes when they double.
+    swept_at: usize,
+}
+
+impl VirtualState {
+    /// Forgets the sleepers whose futures were dropped (a select that took the other branch):
+    /// those at the front at once, the rest in a sweep each time the sleepers double, so a
+    /// look at the next deadline costs no pass over every sleeper.
+    fn forget_dropped(&mut self) {
+        if self.sleepers.len() > 2 * self.swept_at + 64 {
+            self.sleepers.retain(|_, wake| !wake.is_closed());
+            self.swept_at = self.sleepers.len();
+        }
+        while let Some(entry) = self.sleepers.first_entry()
+            && entry.get().is_closed()
+        {
+            entry.remove();
+        }
+    }
 }
 
 /// A clock that moves only when told to; its sleepers wake as soon as it passes their deadlines.
@@ -260,9 +279,7 @@ impl VirtualClock {
     /// The earliest deadline of a live sleeper, if any: where a discrete-event simulation jumps.
     pub fn next_deadline(&self) -> Option<u64> {
         let mut state = self.lock();
-        // Sleepers whose futures were dropped (a select that took the other branch) no longer
-        // count.
-        state.sleepers.retain(|_, wake| !wake.is_closed());
+        state.forget_dropped();
         state.sleepers.keys().next().map(|(deadline, _)| *deadline)
     }
 

@@ -248,8 +248,11 @@ struct Counts {
     unhealthy_since: BTreeMap<u64, u32>,
     /// The nodes whose decision can change with time alone (`NodeRecord::timed`).
     timed: BTreeSet<String>,
-    /// The nodes not healthy, and their states (few, in a fleet that works).
+    /// The nodes not healthy, and their states (few, in a fleet that works), less the retired.
     not_healthy: BTreeMap<String, NodeState>,
+    /// The retired nodes, whose records stay for the audit trail and grow with a fleet's age:
+    /// kept apart, so the nodes that can still hold or take work are read without them.
+    retired: BTreeSet<String>,
     /// Moves on whenever a node joins or changes state (the job queue's tick skips its pass over
     /// the fleet while this stands still).
     generation: u64,
@@ -264,8 +267,14 @@ impl Counts {
         if share.timed {
             self.timed.insert(name.to_owned());
         }
-        if share.state != NodeState::Healthy {
-            self.not_healthy.insert(name.to_owned(), share.state);
+        match share.state {
+            NodeState::Healthy => {}
+            NodeState::Retired => {
+                self.retired.insert(name.to_owned());
+            }
+            state => {
+                self.not_healthy.insert(name.to_owned(), state);
+            }
         }
         *self.by_state.entry(share.state).or_default() += 1;
         self.members += u32::from(share.member);
@@ -284,8 +293,14 @@ impl Counts {
         if share.timed {
             self.timed.remove(name);
         }
-        if share.state != NodeState::Healthy {
-            self.not_healthy.remove(name);
+        match share.state {
+            NodeState::Healthy => {}
+            NodeState::Retired => {
+                self.retired.remove(name);
+            }
+            _ => {
+                self.not_healthy.remove(name);
+            }
         }
         if let Some(count) = self.by_state.get_mut(&share.state) {
             *count = count.saturating_sub(1);
@@ -460,17 +475,15 @@ impl crate::ports::FleetView for Nodes {
     }
 
     fn not_healthy(&self) -> BTreeMap<String, NodeState> {
-        self.lock().inner.counts.not_healthy.clone()
+        let nodes = self.lock();
+        let counts = &nodes.inner.counts;
+        let mut all = counts.not_healthy.clone();
+        all.extend(counts.retired.iter().map(|name| (name.clone(), NodeState::Retired)));
+        all
     }
 
     fn not_healthy_in_service(&self) -> BTreeMap<String, NodeState> {
-        let nodes = self.lock();
-        let not_healthy = &nodes.inner.counts.not_healthy;
-        not_healthy
-            .iter()
-            .filter(|(_, state)| **state != NodeState::Retired)
-            .map(|(name, state)| (name.clone(), *state))
-            .collect()
+        self.lock().inner.counts.not_healthy.clone()
     }
 
     fn members(&self) -> u32 {

@@ -77,14 +77,17 @@ struct State {
     seq: u64,
 }
 
+/// Told the node whose validation's verdict is in.
+pub type VerdictIn = Box<dyn Fn(&str) + Send + Sync>;
+
 /// Runs the `allreduce` probe (see the module above).
 pub struct Prober {
     config: AllreduceConfig,
     ports: ProberPorts,
     state: Mutex<State>,
     wake: Notify,
-    /// Raised when a validation's verdict is in: the workflows waiting for one.
-    verdict_in: Mutex<Option<Arc<Notify>>>,
+    /// Called with the node whose validation's verdict is in: the workflows waiting for one.
+    verdict_in: Mutex<Option<VerdictIn>>,
 }
 
 impl std::fmt::Debug for Prober {
@@ -104,9 +107,9 @@ impl Prober {
         })
     }
 
-    /// Raises `notify` (`notify_waiters`) whenever a validation's verdict is in.
-    pub fn tell_verdicts_to(&self, notify: Arc<Notify>) {
-        *self.verdict_in.lock().unwrap_or_else(PoisonError::into_inner) = Some(notify);
+    /// Calls `verdict_in` with the node whenever a validation's verdict is in.
+    pub fn tell_verdicts_to(&self, verdict_in: VerdictIn) {
+        *self.verdict_in.lock().unwrap_or_else(PoisonError::into_inner) = Some(verdict_in);
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -163,10 +166,10 @@ impl Prober {
                     state.verdicts.insert(id, verdict);
                 }
                 drop(state);
-                if let Some(notify) =
+                if let Some(verdict_in) =
                     &*self.verdict_in.lock().unwrap_or_else(PoisonError::into_inner)
                 {
-                    notify.notify_waiters();
+                    verdict_in(&node);
                 }
                 continue;
             }

@@ -96,7 +96,7 @@ impl Engine {
         }
         // What a workflow waits for: a new boot, a replacement's first report, a command's result.
         if rebooted || joined || !report.command_results.is_empty() {
-            self.progress.notify_waiters();
+            self.progress.ring(&report.node);
         }
         // The queue's commands for this node (run-rank, signal-rank) ride in this reply.
         if let Some(observer) = &self.observer {

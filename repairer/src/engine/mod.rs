@@ -34,7 +34,7 @@ use crate::provider::Provider;
 use crate::scheduler::{DRAIN_REASON_PREFIX, Scheduler};
 use crate::store::{Store, StoreError};
 use crate::workflow::trace::WorkflowTracer;
-use crate::workflow::{self, Workflow, WorkflowContext, WorkflowTimeouts};
+use crate::workflow::{self, Progress, Workflow, WorkflowContext, WorkflowTimeouts};
 
 /// Settings of the reconciler (`[engine]`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -149,8 +149,8 @@ pub struct Engine {
     observer: Option<Arc<dyn ReportObserver>>,
     /// Which nodes exist (none: every node that reports).
     inventory: Option<Arc<Inventory>>,
-    /// Raised when a report may let a waiting workflow step go on.
-    progress: Arc<Notify>,
+    /// Rings a node's workflows when a report may let a waiting step go on.
+    progress: Arc<Progress>,
     /// What every workflow is driven with.
     workflows: Arc<WorkflowContext>,
     /// When this process loaded the nodes: reports are not persisted, so a node's silence counts
@@ -175,10 +175,11 @@ impl Engine {
     pub fn new(parts: EngineParts) -> Result<Arc<Engine>, EngineError> {
         let breaker = Arc::new(Breaker::load(parts.events.clone())?);
         let started_ms = parts.clock.now_ms();
-        let progress = Arc::new(Notify::new());
+        let progress = Progress::new();
         let wake = parts.nodes.subscribe();
         if let Some(prober) = &parts.prober {
-            prober.tell_verdicts_to(progress.clone());
+            let progress = progress.clone();
+            prober.tell_verdicts_to(Box::new(move |node: &str| progress.ring(node)));
         }
         let workflows = Arc::new(WorkflowContext {
             clock: parts.clock.clone(),

@@ -16,7 +16,7 @@ impl Engine {
         if self.breaker.close(who, now)? {
             // Nodes that turned unhealthy during the storm must not trip it again at once.
             self.nodes.lock().forget_unhealthy_since();
-            self.progress.notify_waiters();
+            self.progress.ring_all();
             // Actions the breaker held are decided again.
             self.wake();
         }

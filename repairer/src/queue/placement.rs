@@ -104,15 +104,55 @@ pub fn place(
     now: u64,
     unreachable_window_ms: u64,
 ) -> (Vec<Placement>, Option<Blocked>) {
+    let (placed, blocked) =
+        place_indexed(jobs, nodes, ports_in_use, ports, now, unreachable_window_ms);
+    let names = |chosen: &[usize]| chosen.iter().map(|i| nodes[*i].name.to_owned()).collect();
+    let placements = placed
+        .into_iter()
+        .map(|p| {
+            let first = &nodes[p.nodes[0]];
+            Placement {
+                master_addr: first.address.unwrap_or(first.name).to_owned(),
+                nodes: names(&p.nodes),
+                spares: names(&p.spares),
+                master_port: p.master_port,
+                job: p.job,
+            }
+        })
+        .collect();
+    (placements, blocked)
+}
+
+/// A [`Placement`] by the nodes' places in the candidates given: for a caller that keeps its
+/// nodes by number (the fleet simulator places 2,000-rank jobs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placed {
+    pub job: String,
+    /// Rank i on the candidate `nodes[i]`.
+    pub nodes: Vec<usize>,
+    pub master_port: u16,
+    /// The hot spares among `nodes`.
+    pub spares: Vec<usize>,
+}
+
+/// [`place`], the nodes named by their index in `nodes`.
+pub fn place_indexed(
+    jobs: &[Waiting<'_>],
+    nodes: &[Candidate<'_>],
+    ports_in_use: &BTreeSet<u16>,
+    ports: RangeInclusive<u16>,
+    now: u64,
+    unreachable_window_ms: u64,
+) -> (Vec<Placed>, Option<Blocked>) {
     let mut order: Vec<Waiting<'_>> = jobs.to_vec();
     queue_order(&mut order);
-    let by_name = |list: &mut Vec<&Candidate<'_>>| list.sort_by(|a, b| a.name.cmp(b.name));
-    let mut free: Vec<&Candidate<'_>> =
-        nodes.iter().filter(|n| n.eligible(now, unreachable_window_ms)).collect();
-    by_name(&mut free);
-    let mut spares: Vec<&Candidate<'_>> =
-        nodes.iter().filter(|n| n.ready_spare(now, unreachable_window_ms)).collect();
-    by_name(&mut spares);
+    let sorted = |keep: &dyn Fn(&Candidate<'_>) -> bool| {
+        let mut list: Vec<usize> = (0..nodes.len()).filter(|i| keep(&nodes[*i])).collect();
+        list.sort_by(|a, b| nodes[*a].name.cmp(nodes[*b].name));
+        list
+    };
+    let mut free = sorted(&|n| n.eligible(now, unreachable_window_ms));
+    let mut spares = sorted(&|n| n.ready_spare(now, unreachable_window_ms));
     let mut used_ports = ports_in_use.clone();
     let mut placements = Vec::new();
     for job in order {
@@ -136,16 +176,15 @@ pub fn place(
             return (placements, Some(Blocked { job: job.id.to_owned(), why }));
         };
         let from_free = wanted.min(free.len());
-        let mut chosen: Vec<&Candidate<'_>> = free.drain(..from_free).collect();
-        let taken: Vec<&Candidate<'_>> = spares.drain(..wanted - from_free).collect();
+        let mut chosen: Vec<usize> = free.drain(..from_free).collect();
+        let taken: Vec<usize> = spares.drain(..wanted - from_free).collect();
         chosen.extend(&taken);
         used_ports.insert(port);
-        placements.push(Placement {
+        placements.push(Placed {
             job: job.id.to_owned(),
-            master_addr: chosen[0].address.unwrap_or(chosen[0].name).to_owned(),
-            nodes: chosen.iter().map(|n| n.name.to_owned()).collect(),
+            nodes: chosen,
             master_port: port,
-            spares: taken.iter().map(|n| n.name.to_owned()).collect(),
+            spares: taken,
         });
     }
     (placements, None)

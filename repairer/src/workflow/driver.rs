@@ -6,13 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleetmend_proto::backoff::Backoff;
-use fleetmend_proto::{EvidenceBundle, NodeCommand, command_kind};
-use tokio::sync::Notify;
-
 use super::machine::{
     self, Answer, DeepCheck, Done, Effect, Failure, FailureKind, Limits, Note, Observation,
 };
+use super::progress::Progress;
 use super::{KeptEvidence, Outcome, Workflow};
 use crate::allreduce::Prober;
 use crate::breaker::Breaker;
@@ -27,6 +24,8 @@ use crate::provider::{Provider, ProviderError};
 use crate::scheduler::{Scheduler, SchedulerError};
 use crate::store::StoreError;
 use crate::workflow::trace::{WorkflowTrace, WorkflowTracer};
+use fleetmend_proto::backoff::Backoff;
+use fleetmend_proto::{EvidenceBundle, NodeCommand, command_kind};
 
 /// What a workflow is carried out with: narrow ports, not the engine.
 pub struct WorkflowContext {
@@ -41,8 +40,8 @@ pub struct WorkflowContext {
     pub tracer: Option<Arc<WorkflowTracer>>,
     /// The allreduce probe a validation's deep check also waits for (`[allreduce] on_validate`).
     pub prober: Option<Arc<Prober>>,
-    /// Raised when a report may let a waiting step go on.
-    pub progress: Arc<Notify>,
+    /// Rings a node's workflows when a report may let a waiting step go on.
+    pub progress: Arc<Progress>,
     pub limits: Limits,
     /// After a repair, how long before the node may be repaired again.
     pub cooldown: Duration,
@@ -65,10 +64,16 @@ pub async fn run(cx: Arc<WorkflowContext>, mut workflow: Workflow) {
     }
     let mut answer: Option<Answer> = None;
     let mut failures = 0u32;
+    let mut bell = bell(&cx, &workflow);
+    let mut bell_for = workflow.replacement.clone();
     loop {
+        if workflow.replacement != bell_for {
+            bell = self::bell(&cx, &workflow);
+            bell_for = workflow.replacement.clone();
+        }
         // Listening before looking: a report that lands between the look and the wait still
         // wakes the wait, so a step waits for its deadline or its report, never for a poll.
-        let progressed = cx.progress.notified();
+        let progressed = bell.notified();
         tokio::pin!(progressed);
         progressed.as_mut().enable();
         let seen = observe(&cx, &workflow, answer.take());
@@ -114,6 +119,13 @@ pub async fn run(cx: Arc<WorkflowContext>, mut workflow: Workflow) {
             effect => answer = Some(carry_out(&cx, &workflow, effect).await),
         }
     }
+}
+
+/// What rings when a report may let the workflow go on: one of its node, or of its replacement.
+fn bell(cx: &WorkflowContext, wf: &Workflow) -> Arc<tokio::sync::Notify> {
+    let nodes: Vec<&str> =
+        std::iter::once(wf.node.as_str()).chain(wf.replacement.as_deref()).collect();
+    cx.progress.bell(&nodes)
 }
 
 /// The result of validation `id`: the agent's deep check, and the allreduce probe's verdict where

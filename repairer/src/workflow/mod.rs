@@ -9,6 +9,7 @@
 
 mod driver;
 mod machine;
+mod progress;
 pub mod trace;
 
 pub use self::driver::{WorkflowContext, run};
@@ -16,6 +17,7 @@ pub use self::machine::{
     Answer, DeepCheck, Done, Effect, Failure, FailureKind, Limits, Note, Observation, Transition,
     finish_reason, next, node_states,
 };
+pub use self::progress::Progress;
 
 use std::time::Duration;
 
