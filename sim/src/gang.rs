@@ -50,8 +50,9 @@ pub struct Book {
     pub drained: BTreeMap<String, String>,
     /// Slot → the node in it now.
     pub names: Vec<String>,
-    /// Node → its slot (every node that joined).
-    pub slot_of: HashMap<String, u32>,
+    /// Node → its slot (every node in the fleet now), hashed fast: placement looks up each
+    /// node that is not plain healthy and idle.
+    pub slot_of: HashMap<String, u32, foldhash::fast::FixedState>,
     /// Slot → the job (its index in `jobs`) with a live rank there.
     pub holder: Vec<Option<usize>>,
     /// The jobs in the order they were submitted: id, and the slots of the attempt, rank i in
@@ -79,7 +80,12 @@ impl Book {
             self.names.resize(at + 1, String::new());
             self.holder.resize(at + 1, None);
         }
-        self.names[at] = node.to_owned();
+        // The node it replaces left the fleet, and with it the scheduler's drain of it.
+        let left = std::mem::replace(&mut self.names[at], node.to_owned());
+        if !left.is_empty() {
+            self.drained.remove(&left);
+            self.slot_of.remove(&left);
+        }
         self.slot_of.insert(node.to_owned(), slot);
     }
 

@@ -100,6 +100,8 @@ pub struct World {
     faulted: BTreeSet<String>,
     /// How long a node may go unheard before placement passes it over.
     unreachable_window_ms: u64,
+    /// The engine's nodes not healthy, less the retired, read once per fleet generation.
+    not_healthy: std::cell::RefCell<(u64, Arc<BTreeMap<String, NodeState>>)>,
 }
 
 impl std::fmt::Debug for World {
@@ -173,7 +175,18 @@ impl World {
             gang_idle,
             faulted: BTreeSet::new(),
             unreachable_window_ms,
+            not_healthy: std::cell::RefCell::new((u64::MAX, Arc::default())),
         }
+    }
+
+    /// [`FleetView::not_healthy_in_service`], read again only when the fleet's generation moved.
+    fn not_healthy(&self) -> Arc<BTreeMap<String, NodeState>> {
+        let generation = self.fleet.generation();
+        let mut cached = self.not_healthy.borrow_mut();
+        if cached.0 != generation {
+            *cached = (generation, Arc::new(self.fleet.not_healthy_in_service()));
+        }
+        cached.1.clone()
     }
 
     pub fn now(&self) -> u64 {

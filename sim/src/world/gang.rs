@@ -17,13 +17,16 @@
 //! - `--checkpoint-every auto`: the queue's Young/Daly interval from the measured write and the
 //!   observed time between failed attempts of jobs of the job's size.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use fleetmend_repairer::model::NodeState;
 use fleetmend_repairer::queue::checkpoint_grace_ms;
 use fleetmend_repairer::queue::interval::young_daly_steps;
 
 mod place;
+mod slots;
+
+use self::slots::SlotSet;
 
 use super::{ActiveFault, Happening, World};
 use crate::gang::Request;
@@ -72,9 +75,9 @@ pub struct GangJob {
     /// The attempt's nodes by slot, rank i in slots[i].
     slots: Vec<u32>,
     /// The slots of the last attempt (to count the spares a restart used).
-    last_slots: BTreeSet<u32>,
+    last_slots: SlotSet,
     /// The slots whose rank has not ended.
-    live: BTreeSet<u32>,
+    live: SlotSet,
     /// The repairer's checkpoint request in this attempt: when, and the checkpoints before it.
     checkpoint_asked: Option<(u64, u64)>,
     started_ms: u64,
@@ -96,8 +99,8 @@ impl GangJob {
             restarts: 0,
             state: State::Queued,
             slots: Vec::new(),
-            last_slots: BTreeSet::new(),
-            live: BTreeSet::new(),
+            last_slots: SlotSet::default(),
+            live: SlotSet::default(),
             checkpoint_asked: None,
             started_ms: now,
             ended_ms: now,
@@ -112,7 +115,7 @@ impl GangJob {
     fn holds(&self, slot: u32) -> bool {
         match self.state {
             State::Queued => false,
-            State::Stopping(_) => self.live.contains(&slot),
+            State::Stopping(_) => self.live.contains(slot),
             State::Launching { .. } | State::Running => true,
         }
     }
@@ -151,17 +154,21 @@ impl World {
     /// not read.
     ///
     /// [`Presence`]: crate::ports::Presence
-    fn silent_among(&self, among: &BTreeSet<u32>) -> BTreeSet<u32> {
+    fn silent_among(&self, among: &SlotSet) -> SlotSet {
+        let Some(gang) = &self.gang else { return SlotSet::default() };
         let down = self.presence.down();
-        let not_healthy = self.fleet.not_healthy_in_service();
-        down.keys()
+        let not_healthy = self.not_healthy();
+        let book = gang.lock();
+        let silent: Vec<u32> = down
+            .keys()
             .chain(not_healthy.keys())
             .filter_map(|name| {
-                let node = self.nodes.get(name).filter(|s| !s.up || s.retired)?;
-                let current = self.slots.get(node.slot as usize).is_some_and(|n| n == name);
-                (current && among.contains(&node.slot)).then_some(node.slot)
+                // The node in its slot now, with a rank of `among` there (a bit, read first).
+                let slot = book.slot(name).filter(|slot| among.contains(*slot))?;
+                self.nodes.get(name).filter(|s| !s.up || s.retired).map(|_| slot)
             })
-            .collect()
+            .collect();
+        SlotSet::from_slots(&silent)
     }
 
     /// The node in `slot` now.
@@ -307,7 +314,7 @@ impl World {
                 let node = self.nodes.get(name)?;
                 let current = self.in_slot(node.slot) == name;
                 let kills = node.fault.as_ref().is_some_and(kills);
-                (current && kills && gang.live.contains(&node.slot)).then_some(node.slot)
+                (current && kills && gang.live.contains(node.slot)).then_some(node.slot)
             })
             .collect();
         if down || !doomed.is_empty() {
@@ -384,7 +391,7 @@ impl World {
         if matches!(stop.phase, StopPhase::Term | StopPhase::Kill) && now >= stop.heard_ms {
             // Every up node has taken the signal and reported its rank's exit.
             let silent = self.silent_among(&gang.live);
-            self.gang_ranks_ended_but(id, silent);
+            self.gang_ranks_ended_but(id, &silent);
         }
         let Some(gang) = self.gangs.get(id) else { return };
         if gang.live.is_empty() {
@@ -442,18 +449,20 @@ impl World {
     fn gang_ranks_ended(&mut self, id: &str, slots: &[u32]) {
         if let Some(job) = self.gangs.get_mut(id) {
             for slot in slots {
-                job.live.remove(slot);
+                job.live.remove(*slot);
             }
         }
         self.release(id, slots.iter());
     }
 
     /// Every live rank ended but those on `silent` nodes.
-    fn gang_ranks_ended_but(&mut self, id: &str, silent: BTreeSet<u32>) {
+    fn gang_ranks_ended_but(&mut self, id: &str, silent: &SlotSet) {
         let Some(job) = self.gangs.get_mut(id) else { return };
-        let ended = std::mem::replace(&mut job.live, silent);
-        let silent = job.live.clone();
-        self.release(id, ended.iter().filter(|n| !silent.contains(*n)));
+        let ended: Vec<u32> = job.live.iter().filter(|n| !silent.contains(*n)).collect();
+        for slot in &ended {
+            job.live.remove(*slot);
+        }
+        self.release(id, ended.iter());
     }
 
     /// The job's ranks in `slots` hold them no more: they are idle (a retired node's slot too:
@@ -531,9 +540,8 @@ impl World {
             let book = gang.lock();
             // A retired node was repairing first: its rank was lost then. (Retired nodes stay
             // in the engine's records, and are passed over here unread.)
-            self.fleet
-                .not_healthy_in_service()
-                .into_iter()
+            self.not_healthy()
+                .iter()
                 .filter(|(_, state)| {
                     matches!(
                         state,
@@ -544,7 +552,7 @@ impl World {
                     )
                 })
                 .filter_map(|(node, _)| {
-                    let slot = book.slot(&node)?;
+                    let slot = book.slot(node)?;
                     Some((slot, book.holder[slot as usize]?))
                 })
                 .collect()
@@ -552,7 +560,7 @@ impl World {
         let mut lost: BTreeMap<String, Vec<u32>> = BTreeMap::new();
         for (id, job) in &self.gangs {
             for (slot, _) in
-                unusable.iter().filter(|(s, i)| *i == job.index && job.live.contains(s))
+                unusable.iter().filter(|(s, i)| *i == job.index && job.live.contains(*s))
             {
                 lost.entry(id.clone()).or_default().push(*slot);
             }

@@ -90,6 +90,8 @@ impl World {
         let Some(sim) = self.nodes.get_mut(node) else { return };
         sim.retired = true;
         let slot = sim.slot;
+        // Its fault leaves the fleet with it.
+        self.faulted.remove(node);
         if let Some(vacant) = self.gang_vacant.get_mut(slot as usize) {
             *vacant = true;
         }

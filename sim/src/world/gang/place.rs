@@ -7,6 +7,7 @@ use fleetmend_repairer::model::NodeState;
 use fleetmend_repairer::queue::placement::{self, Candidate, Waiting};
 use fleetmend_repairer::scheduler::is_spare;
 
+use super::slots::SlotSet;
 use super::{GangJob, State};
 use crate::gang::GangScheduler;
 use crate::job::Phase;
@@ -28,7 +29,7 @@ impl World {
         };
         // Placement reads the idle nodes (those no job holds, kept as the jobs come and go), not
         // the whole fleet, and only when the healthy nodes no job holds could fit a job.
-        let not_healthy = self.fleet.not_healthy_in_service();
+        let not_healthy = self.not_healthy();
         if smallest > self.gang_free(&gang, &not_healthy) {
             return;
         }
@@ -46,47 +47,49 @@ impl World {
                 stopping: matches!(g.state, State::Stopping(_)),
             })
             .collect();
-        // The few nodes that are not plain healthy, undrained and heard from, by slot.
+        // The idle nodes (a retired node's slot is none until its replacement joins:
+        // `gang_vacant`), healthy, undrained and heard from but for the few the engine says are
+        // not healthy, the drains and the silent.
         let placements = {
             let book = gang.lock();
-            let mut unlike: BTreeMap<u32, Candidate<'_>> = BTreeMap::new();
-            let mut note = |name: &str| {
-                let Some(slot) = book.slot(name) else { return };
-                let name = self.in_slot(slot);
-                unlike.entry(slot).or_insert_with(|| Candidate {
-                    name,
-                    state: not_healthy.get(name).copied().unwrap_or(NodeState::Healthy),
-                    last_report_ms: self.presence.down_since(name).unwrap_or(now),
-                    address: None,
-                    drained: book.drained.contains_key(name),
-                    spare: book.drained.get(name).is_some_and(|r| is_spare(r)),
-                    busy: false,
-                });
-            };
-            let down = self.presence.down();
-            // A retired node's slot is no candidate until its replacement joins (`gang_vacant`),
-            // and retired records are not read.
-            for name in not_healthy.keys().chain(book.drained.keys()).chain(down.keys()) {
-                note(name);
-            }
-            let candidates: Vec<Candidate<'_>> = self
+            let idle: Vec<u32> = self
                 .gang_idle
                 .iter()
                 .enumerate()
                 .filter(|(slot, idle)| **idle && !self.gang_vacant.get(*slot).is_some_and(|v| *v))
-                .map(|(slot, _)| {
-                    unlike.get(&(slot as u32)).cloned().unwrap_or_else(|| Candidate {
-                        name: self.in_slot(slot as u32),
-                        state: NodeState::Healthy,
-                        last_report_ms: now,
-                        address: None,
-                        drained: false,
-                        spare: false,
-                        busy: false,
-                    })
+                .map(|(slot, _)| slot as u32)
+                .collect();
+            let mut candidates: Vec<Candidate<'_>> = idle
+                .iter()
+                .map(|slot| Candidate {
+                    name: self.in_slot(*slot),
+                    state: NodeState::Healthy,
+                    last_report_ms: now,
+                    address: None,
+                    drained: false,
+                    spare: false,
+                    busy: false,
                 })
                 .collect();
-            let (placements, _blocked) = placement::place(
+            // `idle` is in slot order: a node's candidate is found by its slot.
+            let at = |name: &str| idle.binary_search(&book.slot(name)?).ok();
+            for (name, state) in not_healthy.iter() {
+                if let Some(i) = at(name) {
+                    candidates[i].state = *state;
+                }
+            }
+            for (name, reason) in &book.drained {
+                if let Some(i) = at(name) {
+                    candidates[i].drained = true;
+                    candidates[i].spare = is_spare(reason);
+                }
+            }
+            for (name, since) in self.presence.down() {
+                if let Some(i) = at(&name) {
+                    candidates[i].last_report_ms = since;
+                }
+            }
+            let (placed, _blocked) = placement::place_indexed(
                 &waiting,
                 &candidates,
                 &BTreeSet::new(),
@@ -94,27 +97,31 @@ impl World {
                 now,
                 self.unreachable_window_ms,
             );
-            placements
+            let slots = |chosen: &[usize]| chosen.iter().map(|i| idle[*i]).collect::<Vec<u32>>();
+            placed
+                .into_iter()
+                .map(|p| (p.job, slots(&p.nodes), slots(&p.spares)))
+                .collect::<Vec<_>>()
         };
-        for placement in placements {
-            let slots: Vec<u32> = {
+        for (job, slots, spares) in placements {
+            {
                 let mut book = gang.lock();
-                for spare in &placement.spares {
-                    book.drained.remove(spare);
+                for spare in spares {
+                    let name = self.in_slot(spare);
+                    book.drained.remove(name);
                 }
-                placement.nodes.iter().filter_map(|n| book.slot(n)).collect()
-            };
-            self.gang_launch(&placement.job, slots, now);
+            }
+            self.gang_launch(&job, slots, now);
         }
     }
 
     /// Launches the job's next attempt on `slots`.
     fn gang_launch(&mut self, id: &str, slots: Vec<u32>, now: u64) {
         let held = self.held();
-        let chosen: BTreeSet<u32> = slots.iter().copied().collect();
+        let chosen = SlotSet::from_slots(&slots);
         let Some(job) = self.gangs.get_mut(id) else { return };
         if job.attempt > 0 {
-            self.tally.spares_used += chosen.difference(&job.last_slots).count() as u32;
+            self.tally.spares_used += chosen.count_not_in(&job.last_slots) as u32;
         }
         job.last_slots = chosen.clone();
         job.attempt += 1;
