@@ -47,7 +47,9 @@ pub enum Request {
 #[derive(Debug, Default)]
 pub struct Book {
     /// Drained nodes and their reasons (fleetmend's, an admin's, a hot spare's).
-    pub drained: BTreeMap<String, String>,
+    drained: BTreeMap<String, String>,
+    /// The same drains by slot (those of nodes in a slot now): whether each holds a hot spare.
+    drained_slots: BTreeMap<u32, bool>,
     /// Slot → the node in it now.
     pub names: Vec<String>,
     /// Node → its slot (every node in the fleet now), hashed fast: placement looks up each
@@ -67,6 +69,32 @@ impl Book {
         self.drained.values().filter(|r| is_spare(r)).count()
     }
 
+    /// `node`'s drain, if it is drained.
+    pub fn drain_of(&self, node: &str) -> Option<&str> {
+        self.drained.get(node).map(String::as_str)
+    }
+
+    /// The drained nodes in a slot now, by slot, and whether each is a hot spare.
+    pub fn drained_slots(&self) -> impl Iterator<Item = (u32, bool)> + '_ {
+        self.drained_slots.iter().map(|(slot, spare)| (*slot, *spare))
+    }
+
+    /// Drains `node` for `reason` (over any drain it had).
+    pub fn set_drain(&mut self, node: &str, reason: &str) {
+        if let Some(slot) = self.slot(node) {
+            self.drained_slots.insert(slot, is_spare(reason));
+        }
+        self.drained.insert(node.to_owned(), reason.to_owned());
+    }
+
+    /// Lifts `node`'s drain.
+    pub fn lift_drain(&mut self, node: &str) {
+        if let Some(slot) = self.slot(node) {
+            self.drained_slots.remove(&slot);
+        }
+        self.drained.remove(node);
+    }
+
     /// `node`'s slot, if it is the node in it now.
     pub fn slot(&self, node: &str) -> Option<u32> {
         let slot = *self.slot_of.get(node)?;
@@ -81,11 +109,12 @@ impl Book {
             self.holder.resize(at + 1, None);
         }
         // The node it replaces left the fleet, and with it the scheduler's drain of it.
-        let left = std::mem::replace(&mut self.names[at], node.to_owned());
+        let left = self.names[at].clone();
         if !left.is_empty() {
-            self.drained.remove(&left);
+            self.lift_drain(&left);
             self.slot_of.remove(&left);
         }
+        self.names[at] = node.to_owned();
         self.slot_of.insert(node.to_owned(), slot);
     }
 
@@ -149,9 +178,9 @@ impl Scheduler for GangScheduler {
     ) -> BoxFuture<'a, Result<(), SchedulerError>> {
         Box::pin(async move {
             let mut book = self.lock();
-            let spare = book.drained.get(node).is_some_and(|r| is_spare(r));
-            if !book.drained.contains_key(node) || spare {
-                book.drained.insert(node.to_owned(), reason.to_owned());
+            let drain = book.drain_of(node);
+            if drain.is_none_or(is_spare) {
+                book.set_drain(node, reason);
             }
             Ok(())
         })
@@ -166,7 +195,7 @@ impl Scheduler for GangScheduler {
         Box::pin(async move {
             let pool = self.spare_pool.of(self.fleet.members()) as usize;
             let mut book = self.lock();
-            let outcome = match book.drained.get(node).cloned() {
+            let outcome = match book.drain_of(node).map(str::to_owned) {
                 None => UndrainOutcome::NotDrained,
                 Some(reason) if !reason.starts_with(DRAIN_REASON_PREFIX) => {
                     UndrainOutcome::DrainedByOther(reason)
@@ -174,9 +203,9 @@ impl Scheduler for GangScheduler {
                 Some(reason) => {
                     if !is_spare(&reason) && book.spares() < pool {
                         let spare = format!("{SPARE_REASON}: rejoined the pool after its repair");
-                        book.drained.insert(node.to_owned(), spare);
+                        book.set_drain(node, &spare);
                     } else {
-                        book.drained.remove(node);
+                        book.lift_drain(node);
                     }
                     book.requests.push(Request::Undrained);
                     UndrainOutcome::Undrained

@@ -19,6 +19,7 @@ mod faults;
 mod gang;
 mod jobs;
 mod node;
+mod not_healthy;
 mod provider;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -36,6 +37,7 @@ use self::agenda::Agenda;
 pub use self::agenda::Happening;
 pub use self::gang::GangJob;
 pub use self::node::{ActiveFault, SimNode};
+use self::not_healthy::NotHealthy;
 use crate::catalog::FaultCatalog;
 use crate::config::SimConfig;
 use crate::gang::GangScheduler;
@@ -101,7 +103,7 @@ pub struct World {
     /// How long a node may go unheard before placement passes it over.
     unreachable_window_ms: u64,
     /// The engine's nodes not healthy, less the retired, read once per fleet generation.
-    not_healthy: std::cell::RefCell<(u64, Arc<BTreeMap<String, NodeState>>)>,
+    not_healthy: std::cell::RefCell<Arc<NotHealthy>>,
 }
 
 impl std::fmt::Debug for World {
@@ -175,18 +177,8 @@ impl World {
             gang_idle,
             faulted: BTreeSet::new(),
             unreachable_window_ms,
-            not_healthy: std::cell::RefCell::new((u64::MAX, Arc::default())),
+            not_healthy: std::cell::RefCell::new(Arc::new(NotHealthy::unread())),
         }
-    }
-
-    /// [`FleetView::not_healthy_in_service`], read again only when the fleet's generation moved.
-    fn not_healthy(&self) -> Arc<BTreeMap<String, NodeState>> {
-        let generation = self.fleet.generation();
-        let mut cached = self.not_healthy.borrow_mut();
-        if cached.0 != generation {
-            *cached = (generation, Arc::new(self.fleet.not_healthy_in_service()));
-        }
-        cached.1.clone()
     }
 
     pub fn now(&self) -> u64 {

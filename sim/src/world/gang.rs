@@ -156,17 +156,17 @@ impl World {
     /// [`Presence`]: crate::ports::Presence
     fn silent_among(&self, among: &SlotSet) -> SlotSet {
         let Some(gang) = &self.gang else { return SlotSet::default() };
-        let down = self.presence.down();
+        let down: Vec<u32> = {
+            let book = gang.lock();
+            self.presence.down().keys().filter_map(|name| book.slot(name)).collect()
+        };
         let not_healthy = self.not_healthy();
-        let book = gang.lock();
         let silent: Vec<u32> = down
-            .keys()
-            .chain(not_healthy.keys())
-            .filter_map(|name| {
-                // The node in its slot now, with a rank of `among` there (a bit, read first).
-                let slot = book.slot(name).filter(|slot| among.contains(*slot))?;
-                self.nodes.get(name).filter(|s| !s.up || s.retired).map(|_| slot)
-            })
+            .into_iter()
+            .chain(not_healthy.in_slots().map(|(slot, _)| slot))
+            // A rank of `among` there (a bit, read first), on a node down or retired.
+            .filter(|slot| among.contains(*slot))
+            .filter(|slot| self.nodes.get(self.in_slot(*slot)).is_some_and(|s| !s.up || s.retired))
             .collect();
         SlotSet::from_slots(&silent)
     }
@@ -541,7 +541,7 @@ impl World {
             // A retired node was repairing first: its rank was lost then. (Retired nodes stay
             // in the engine's records, and are passed over here unread.)
             self.not_healthy()
-                .iter()
+                .in_slots()
                 .filter(|(_, state)| {
                     matches!(
                         state,
@@ -551,10 +551,7 @@ impl World {
                             | NodeState::Quarantined
                     )
                 })
-                .filter_map(|(node, _)| {
-                    let slot = book.slot(node)?;
-                    Some((slot, book.holder[slot as usize]?))
-                })
+                .filter_map(|(slot, _)| Some((slot, book.holder[slot as usize]?)))
                 .collect()
         };
         let mut lost: BTreeMap<String, Vec<u32>> = BTreeMap::new();

@@ -1,17 +1,17 @@
 //! Placement under the gang scheduler: the queue's own [`placement::place`] over the idle nodes,
 //! and the launch of the attempts it places.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use fleetmend_repairer::model::NodeState;
 use fleetmend_repairer::queue::placement::{self, Candidate, Waiting};
-use fleetmend_repairer::scheduler::is_spare;
 
 use super::slots::SlotSet;
 use super::{GangJob, State};
 use crate::gang::GangScheduler;
 use crate::job::Phase;
 use crate::world::World;
+use crate::world::not_healthy::NotHealthy;
 
 impl World {
     /// Places the waiting jobs with the queue's placement, where the fleet has room for them.
@@ -72,20 +72,19 @@ impl World {
                 })
                 .collect();
             // `idle` is in slot order: a node's candidate is found by its slot.
-            let at = |name: &str| idle.binary_search(&book.slot(name)?).ok();
-            for (name, state) in not_healthy.iter() {
-                if let Some(i) = at(name) {
-                    candidates[i].state = *state;
+            for (slot, state) in not_healthy.in_slots() {
+                if let Ok(i) = idle.binary_search(&slot) {
+                    candidates[i].state = state;
                 }
             }
-            for (name, reason) in &book.drained {
-                if let Some(i) = at(name) {
+            for (slot, spare) in book.drained_slots() {
+                if let Ok(i) = idle.binary_search(&slot) {
                     candidates[i].drained = true;
-                    candidates[i].spare = is_spare(reason);
+                    candidates[i].spare = spare;
                 }
             }
             for (name, since) in self.presence.down() {
-                if let Some(i) = at(&name) {
+                if let Some(i) = book.slot(&name).and_then(|slot| idle.binary_search(&slot).ok()) {
                     candidates[i].last_report_ms = since;
                 }
             }
@@ -108,7 +107,7 @@ impl World {
                 let mut book = gang.lock();
                 for spare in spares {
                     let name = self.in_slot(spare);
-                    book.drained.remove(name);
+                    book.lift_drain(name);
                 }
             }
             self.gang_launch(&job, slots, now);
@@ -146,7 +145,7 @@ impl World {
 
     /// The healthy nodes no job holds: a bound on what placement could find. A node's state is
     /// the engine's: healthy unless among the few that are not.
-    fn gang_free(&self, gang: &GangScheduler, not_healthy: &BTreeMap<String, NodeState>) -> u64 {
+    fn gang_free(&self, gang: &GangScheduler, not_healthy: &NotHealthy) -> u64 {
         let held: usize = self
             .gangs
             .values()
@@ -165,9 +164,8 @@ impl World {
                 }
             }
             not_healthy
-                .keys()
-                .filter_map(|node| book.slot(node))
-                .filter(|slot| {
+                .in_slots()
+                .filter(|(slot, _)| {
                     book.holder[*slot as usize]
                         .and_then(|index| by_index.get(index).copied().flatten())
                         .is_some_and(|g| g.holds(*slot))
