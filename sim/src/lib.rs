@@ -55,4 +55,5 @@ pub mod report;
 pub mod run;
 pub mod spares;
 pub mod stats;
+pub mod store;
 pub mod world;

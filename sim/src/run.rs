@@ -33,6 +33,7 @@ use crate::model::EttrModel;
 use crate::ports::{Presence, SimProvider};
 use crate::report::{FailureFigures, RepairFigures, Setting, SimReport};
 use crate::spares::{OutOfService, SpareFigures};
+use crate::store::MemoryStore;
 use crate::world::{Happening, Parts, World};
 
 /// Where the virtual clock starts: 2026-01-01T00:00:00Z (any fixed time would do; a fixed one
@@ -65,6 +66,15 @@ pub fn simulate_recorded(
     config: &SimConfig,
     progress: Option<&(dyn Fn(f64) + Sync)>,
 ) -> Result<(SimReport, Vec<Event>), SimError> {
+    simulate_on(config, progress, Store::from_backend(MemoryStore::new()))
+}
+
+/// [`simulate_recorded`] with the repairer writing to `store`.
+pub fn simulate_on(
+    config: &SimConfig,
+    progress: Option<&(dyn Fn(f64) + Sync)>,
+    store: Store,
+) -> Result<(SimReport, Vec<Event>), SimError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -72,18 +82,19 @@ pub fn simulate_recorded(
         .map_err(SimError::Runtime)?;
     // The workflows' retry jitter draws from the thread's generator: seeded, a run repeats.
     fastrand::seed(config.fleet.seed);
-    runtime.block_on(run(config.clone(), progress))
+    runtime.block_on(run(config.clone(), progress, store))
 }
 
 async fn run(
     config: SimConfig,
     progress: Option<&(dyn Fn(f64) + Sync)>,
+    store: Store,
 ) -> Result<(SimReport, Vec<Event>), SimError> {
     let horizon = config.fleet.duration;
     let (catalog, mut stream, lemons) = fault_source(&config)?;
     let clock = VirtualClock::new(START_MS);
     let shared: SharedClock = clock.clone();
-    let mut world = build(&config, catalog, shared.clone())?;
+    let mut world = build(&config, catalog, shared.clone(), store)?;
     let end = START_MS + horizon.as_millis() as u64;
     for (i, fault) in config.events.iter().enumerate() {
         let category = SimConfig::scripted_category(fault, &world.catalog)
@@ -201,9 +212,10 @@ fn build(
     config: &SimConfig,
     catalog: crate::catalog::FaultCatalog,
     clock: SharedClock,
+    store: Store,
 ) -> Result<World, SimError> {
     let repairer_err = |err: &dyn std::fmt::Display| SimError::Repairer(err.to_string());
-    let store = Arc::new(Store::in_memory().map_err(|e| repairer_err(&e))?);
+    let store = Arc::new(store);
     let metrics = Arc::new(RepairerMetrics::new());
     let events = Arc::new(EventLog::new(store, metrics.clone()));
     let presence = Presence::new(clock.clone());

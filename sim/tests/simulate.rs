@@ -5,8 +5,10 @@
 use std::io::Write;
 
 use fleetmend_repairer::model::{EventKind, RuleAction, Severity};
+use fleetmend_repairer::store::Store;
 use fleetmend_sim::config::SimConfig;
-use fleetmend_sim::run::{simulate, simulate_recorded};
+use fleetmend_sim::run::{simulate, simulate_on, simulate_recorded};
+use fleetmend_sim::store::MemoryStore;
 
 fn config(overrides: &[(&str, &str)]) -> SimConfig {
     let overrides: Vec<(String, String)> =
@@ -256,4 +258,39 @@ fn the_gang_scheduler_and_the_embedded_queue_agree_on_the_same_failures() {
         gang.sim_events,
         queue.sim_events
     );
+}
+
+/// The simulator's memory store and the repairer's SQLite store hold the same audit log of the
+/// same run: the store changes how fast a run goes, never what the repairer decides. Both
+/// schedulers, so the embedded queue's job documents are read back too.
+#[test]
+fn the_memory_store_and_sqlite_give_the_same_audit_log() {
+    for scheduler in ["gang", "queue"] {
+        let config = config(&[
+            ("fleet.nodes", "64"),
+            ("fleet.spares", "2"),
+            ("fleet.duration", "10days"),
+            ("fleet.seed", "5"),
+            ("failures.rate_per_node_day", "0.05"),
+            ("job.scheduler", scheduler),
+        ]);
+        let memory = Store::from_backend(MemoryStore::new());
+        let sqlite = Store::in_memory().unwrap();
+        let (report_m, events_m) = simulate_on(&config, None, memory).unwrap();
+        let (report_s, events_s) = simulate_on(&config, None, sqlite).unwrap();
+        let lines = |events: &[fleetmend_repairer::model::Event]| -> Vec<String> {
+            events
+                .iter()
+                .map(|e| {
+                    format!(
+                        "{} {} {:?} {:?} {:?} {}",
+                        e.id, e.at_ms, e.kind, e.node, e.action, e.reason
+                    )
+                })
+                .collect()
+        };
+        assert!(events_m.len() > 100, "{scheduler}: too few events to compare: {}", events_m.len());
+        assert_eq!(lines(&events_m), lines(&events_s), "{scheduler}");
+        assert_eq!(report_m.summary(), report_s.summary(), "{scheduler}");
+    }
 }
