@@ -33,6 +33,11 @@ pub const WIRE_VERSION: u32 = 1;
 /// starts with it.
 pub const DRAIN_REASON_PREFIX: &str = "fleetmend: ";
 
+/// The label of a kernel-log finding that holds the `/dev/kmsg` sequence number of its latest
+/// line: with the report's boot id, the identity of the record. An agent restarted reads the
+/// boot's log again; the repairer does not act again on a record it already acted on.
+pub const KMSG_SEQ_LABEL: &str = "kmsg_seq";
+
 /// How a subject of a check is doing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

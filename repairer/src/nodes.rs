@@ -23,6 +23,10 @@ use crate::policy::{FleetView, RepairRecord};
 use crate::ports::{EventLog, Heartbeats, NodeHealth};
 use crate::store::{Pending, StoreError};
 
+mod acted;
+
+pub use self::acted::{ActedThrough, kmsg_seq};
+
 /// A change to a node record could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -75,6 +79,10 @@ pub struct NodeRecord {
     /// decided about (so never drained, rebooted or replaced).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unknown: bool,
+    /// The newest kernel-log record a repair was begun or finished on (`nodes/acted.rs`): not
+    /// taken in again when an agent reads its boot's log anew.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acted_through: Option<ActedThrough>,
 }
 
 /// How many repairs a node's history keeps.
@@ -103,6 +111,7 @@ impl NodeRecord {
             metrics_target: None,
             address: None,
             unknown: false,
+            acted_through: None,
         }
     }
 

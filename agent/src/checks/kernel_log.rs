@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use fleetmend_proto::{Finding, RecommendedAction, Status};
+use fleetmend_proto::{Finding, KMSG_SEQ_LABEL, RecommendedAction, Status};
 use serde::Deserialize;
 
 use self::bursts::XidBursts;
@@ -139,6 +139,8 @@ struct Hit {
     message: String,
     labels: BTreeMap<String, String>,
     count: u64,
+    /// The kmsg sequence number of the latest line (`kmsg_seq` on the finding).
+    seq: Option<u64>,
 }
 
 /// What is known about one (rule, subject).
@@ -237,12 +239,20 @@ impl Ledger {
                 continue;
             }
             self.bursts.observe(&found, at, &text);
-            self.note(index, rule, found, at, &text);
+            self.note(index, rule, found, (at, record.seq), &text);
         }
         matched
     }
 
-    fn note(&mut self, index: usize, rule: &Rule, found: RuleMatch, at: SystemTime, line: &str) {
+    /// Keeps a match of the line logged at `at` (with its kmsg sequence number, if any).
+    fn note(
+        &mut self,
+        index: usize,
+        rule: &Rule,
+        found: RuleMatch,
+        (at, seq): (SystemTime, Option<u64>),
+        line: &str,
+    ) {
         let key = (index, found.subject);
         if !self.entries.contains_key(&key) {
             if found.status == Status::Ok {
@@ -267,6 +277,7 @@ impl Ledger {
             message: truncate_chars(line, MAX_MESSAGE_CHARS),
             labels: found.labels,
             count: 1,
+            seq,
         };
         if rule.latest_wins {
             // A state (the driver's recovery action): the latest line is the truth, including a
@@ -292,6 +303,7 @@ impl Ledger {
                     same.at = at;
                     same.message = hit.message;
                     same.labels = hit.labels;
+                    same.seq = hit.seq;
                 }
             }
             None => entry.hits.push(hit),
@@ -319,6 +331,9 @@ impl Ledger {
                     )
                     .with_value(count as f64);
                     finding.labels = hit.labels.clone();
+                    if let Some(seq) = hit.seq {
+                        finding.labels.insert(KMSG_SEQ_LABEL.to_owned(), seq.to_string());
+                    }
                     finding
                 }
                 None => Finding::new(
@@ -743,6 +758,44 @@ mod tests {
         assert!(ledger.record(&rules, &old, Some(Duration::from_secs(3 * 86_400)), now));
         assert!(ledger.findings(&rules, now).is_empty());
         assert_eq!(ledger.matches.iter().sum::<u64>(), 1);
+    }
+
+    /// A kmsg record's sequence number rides on the finding (`kmsg_seq`): with the boot id, the
+    /// identity by which the repairer knows a line read again after an agent restart.
+    #[test]
+    fn a_finding_names_the_kmsg_sequence_number_of_its_latest_line() {
+        let rules = compiled();
+        let mut ledger = ledger(&rules);
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let kmsg = |seq: u64| source::parse_record(format!("3,{seq},5000000,-;{XID79}").as_bytes());
+        assert_eq!(kmsg(4242).seq, Some(4242));
+        ledger.record(&rules, &kmsg(4242), None, now);
+        ledger.record(&rules, &kmsg(4250), None, now + Duration::from_secs(1));
+        let findings = ledger.findings(&rules, now + Duration::from_secs(2));
+        let xid = findings.iter().find(|f| f.finding == "xid").unwrap();
+        assert_eq!(xid.labels.get(KMSG_SEQ_LABEL).map(String::as_str), Some("4250"), "{xid:?}");
+        assert_eq!(xid.labels.get("xid").map(String::as_str), Some("79"));
+        let mut plain = self::ledger(&rules);
+        plain.record(&rules, &line(XID79), None, now);
+        let findings = plain.findings(&rules, now);
+        assert!(!findings[0].labels.contains_key(KMSG_SEQ_LABEL), "no kmsg record, no identity");
+    }
+
+    /// A flood: the same line 100,000 times is one finding that counts them, in bounded memory.
+    #[test]
+    fn a_line_repeated_100_000_times_is_one_finding_that_counts_them() {
+        let rules = compiled();
+        let mut ledger = ledger(&rules);
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        for i in 0..100_000u64 {
+            ledger.record(&rules, &line(XID79), None, now + Duration::from_millis(i));
+        }
+        let findings = ledger.findings(&rules, now + Duration::from_secs(101));
+        let xid: Vec<&Finding> = findings.iter().filter(|f| f.finding == "xid").collect();
+        assert_eq!(xid.len(), 1, "{findings:?}");
+        assert_eq!(xid[0].value, Some(100_000.0));
+        assert!(ledger.recent.len() <= MAX_LINES);
+        assert!(ledger.entries.values().all(|e| e.hits.len() == 1), "one hit per condition");
     }
 
     #[test]

@@ -301,6 +301,8 @@ impl Engine {
         let states = workflow::node_states(&workflow);
         nodes.update(name, |node, events| {
             node.workflow = Some(id);
+            // The kernel-log records it acts on are not acted on again (`nodes/acted.rs`).
+            node.mark_acted();
             if let Some((_, state, _)) = states.iter().find(|(n, _, _)| *n == name) {
                 let reason = format!("workflow {id} ({}) started", workflow.action);
                 transition(events, node, *state, &reason, Actor::repairer(), now)?;

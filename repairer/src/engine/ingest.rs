@@ -74,8 +74,12 @@ impl Engine {
             changed |= remove_findings(node, |t| {
                 t.source == FindingSource::Repairer && t.finding.finding == UNREACHABLE
             });
-            let incoming: Vec<&Finding> =
-                report.findings.iter().filter(|f| f.status != Status::Ok).collect();
+            // A kernel-log record already acted on, read again by a restarted agent, is not new.
+            let incoming: Vec<&Finding> = report
+                .findings
+                .iter()
+                .filter(|f| f.status != Status::Ok && !node.acted_on_before(f))
+                .collect();
             changed |= track(node, FindingSource::Agent, &incoming, now);
             Ok((changed, rebooted, changed || new_agent || moved_target || moved_address))
         })?;

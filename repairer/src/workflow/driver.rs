@@ -556,6 +556,8 @@ fn finish_writes(cx: &WorkflowContext, wf: &Workflow, outcome: Outcome) -> Resul
 
 /// What a finished workflow changes in its node's record besides the state.
 fn close_record(n: &mut NodeRecord, wf: &Workflow, outcome: Outcome, cooldown_until_ms: u64) {
+    // A record from before the repair is not repaired again when an agent reads it anew.
+    n.mark_acted();
     n.workflow = None;
     n.last_noted = None;
     if let (Outcome::Repaired, Some(new_node)) = (outcome, &wf.replacement) {

@@ -34,6 +34,8 @@ pub struct Record {
     pub fragment: bool,
     /// False for another program's line in a journal or syslog file: it matches no rule.
     pub kernel: bool,
+    /// A `/dev/kmsg` record's sequence number (with the boot id, its identity).
+    pub seq: Option<u64>,
 }
 
 impl Record {
@@ -45,6 +47,7 @@ impl Record {
             continued: None,
             fragment: false,
             kernel: true,
+            seq: None,
         }
     }
 
@@ -79,6 +82,7 @@ pub fn parse_record(raw: &[u8]) -> Record {
         continued: parsed.continued,
         fragment: parsed.fragment,
         kernel: parsed.kernel,
+        seq: parsed.seq,
     }
 }
 

@@ -48,6 +48,9 @@ pub struct Parsed<'a> {
     pub fragment: bool,
     /// False for another program's line in a journal or syslog file, and for kmsg metadata.
     pub kernel: bool,
+    /// The kernel's sequence number of a `/dev/kmsg` record: with the boot id, the record's
+    /// identity.
+    pub seq: Option<u64>,
 }
 
 impl<'a> Parsed<'a> {
@@ -58,6 +61,7 @@ impl<'a> Parsed<'a> {
             continued: None,
             fragment: false,
             kernel: true,
+            seq: None,
         }
     }
 
@@ -108,7 +112,7 @@ fn kmsg(line: &str) -> Option<Parsed<'_>> {
     let numeric = |f: Option<&str>| {
         f.filter(|f| !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit())).map(str::to_owned)
     };
-    let (_prio, _seq, usec) = (numeric(fields.next())?, numeric(fields.next())?, fields.next());
+    let (_prio, seq, usec) = (numeric(fields.next())?, numeric(fields.next())?, fields.next());
     let usec: u64 = numeric(usec)?.parse().ok()?;
     let fragment = fields.next().is_some_and(|flags| flags.contains('c'));
     Some(Parsed {
@@ -117,6 +121,7 @@ fn kmsg(line: &str) -> Option<Parsed<'_>> {
         continued: None,
         fragment,
         kernel: true,
+        seq: seq.parse().ok(),
     })
 }
 
