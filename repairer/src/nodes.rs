@@ -83,6 +83,10 @@ pub struct NodeRecord {
     /// taken in again when an agent reads its boot's log anew.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acted_through: Option<ActedThrough>,
+    /// When its current boot was first heard of: a report with a boot id other than the one
+    /// known (rules' `boot_grace`). None for a node not seen to boot since it joined.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub booted_ms: Option<u64>,
 }
 
 /// How many repairs a node's history keeps.
@@ -112,6 +116,7 @@ impl NodeRecord {
             address: None,
             unknown: false,
             acted_through: None,
+            booted_ms: None,
         }
     }
 

@@ -759,7 +759,7 @@ async fn a_drain_rule_keeps_the_node_out_until_its_finding_clears() {
         ],
     );
     let decision = events.iter().find(|e| e.kind == EventKind::Decision).unwrap();
-    assert_eq!(decision.actor.0, "rule:agent-recommendation");
+    assert_eq!(decision.actor.0, "rule:boot-transient-nic_down");
     assert_untouched(&events, &fleet, &["n1"]);
     let text = h.metrics().await;
     assert_eq!(metric(&text, "fleetmend_time_to_drain_seconds_count"), Some(1.0), "{text}");

@@ -19,6 +19,7 @@ pub(super) fn view(node: &NodeRecord) -> NodeView<'_> {
         history: &node.history,
         cooldown_until_ms: node.cooldown_until_ms,
         approved: node.approved,
+        booted_ms: node.booted_ms,
     }
 }
 

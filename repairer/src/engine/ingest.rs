@@ -53,6 +53,9 @@ impl Engine {
             // every node, including those that never had a finding.
             let new_agent =
                 node.agent_version.is_empty() || node.agent_version != report.agent_version;
+            if rebooted {
+                node.booted_ms = Some(now);
+            }
             node.boot_id.clone_from(&report.boot_id);
             node.agent_version.clone_from(&report.agent_version);
             node.last_report_ms = now;

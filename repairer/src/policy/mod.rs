@@ -111,6 +111,12 @@ impl Policy {
             if rule.drain_window.is_some_and(|w| w.is_zero()) {
                 push(format!("{at}.drain_window"), "must be greater than zero");
             }
+            if rule.boot_grace.is_some_and(|g| g.is_zero()) {
+                push(
+                    format!("{at}.boot_grace"),
+                    "must be greater than zero (leave it out for none)",
+                );
+            }
         }
         let g = &self.guard_rails;
         if let Some(problem) = g.max_concurrent_repairs.problem() {
@@ -156,6 +162,9 @@ pub struct NodeView<'a> {
     pub cooldown_until_ms: u64,
     /// An action a person approved and that has not been used yet.
     pub approved: Option<RuleAction>,
+    /// When its current boot was first heard of (a report with another boot id than the one
+    /// known): a rule's `boot_grace` counts from here.
+    pub booted_ms: Option<u64>,
 }
 
 /// What `decide` looks at for the fleet.
@@ -226,7 +235,8 @@ pub fn decide(node: NodeView<'_>, fleet: FleetView, policy: &Policy, now_ms: u64
         | NodeState::Retired => return Decision::Nothing,
         NodeState::Healthy | NodeState::Suspect | NodeState::Unreachable | NodeState::Drained => {}
     }
-    let (best, pending) = rules::best_verdict(node.findings, &policy.effective_rules(), now_ms);
+    let (best, pending) =
+        rules::best_verdict(node.findings, node.booted_ms, &policy.effective_rules(), now_ms);
     let mut verdict = match best {
         Some(verdict) if verdict.action.is_disruptive() => verdict,
         // Nothing disruptive is due: a state change first (the caller decides again right after),
@@ -297,6 +307,9 @@ pub fn next_change(node: NodeView<'_>, policy: &Policy, now_ms: u64) -> Option<u
     for tracked in node.findings {
         let Some(rule) = rules.iter().find(|r| r.matches(tracked)) else { continue };
         next.add_later(tracked.first_seen_ms.saturating_add(millis(rule.for_duration)));
+        if let Some(ends) = rule.grace_ends(tracked, node.booted_ms) {
+            next.add_later(ends);
+        }
         if node.state == NodeState::Drained {
             let window = rule.drain_window.unwrap_or(policy.escalation.drain_window);
             next.add_later(node.state_since_ms.saturating_add(millis(window)));

@@ -56,6 +56,7 @@ struct Case {
     findings: Vec<TrackedFinding>,
     history: Vec<RepairRecord>,
     cooldown_until_ms: u64,
+    booted_ms: Option<u64>,
     /// When the decision turns, as `next_change` must say (None: never with time alone).
     turns_at: Option<u64>,
 }
@@ -68,6 +69,7 @@ fn cases() -> Vec<Case> {
         findings: Vec::new(),
         history: Vec::new(),
         cooldown_until_ms: 0,
+        booted_ms: None,
         turns_at: None,
     };
     let reboot =
@@ -130,6 +132,18 @@ fn cases() -> Vec<Case> {
             ..base.clone()
         },
         Case {
+            name: "a boot transient's grace ends",
+            state: NodeState::Suspect,
+            findings: vec![tracked(
+                Finding::new("nic", "nic_down", "eth0", Status::Fail, RecommendedAction::Drain, ""),
+                3,
+                MIN,
+            )],
+            booted_ms: Some(NOW - 2 * MIN),
+            turns_at: Some(NOW - 2 * MIN + 5 * MIN),
+            ..base.clone()
+        },
+        Case {
             name: "an alert never changes with time",
             state: NodeState::Healthy,
             findings: vec![tracked(
@@ -161,6 +175,7 @@ impl Clone for Case {
             findings: self.findings.clone(),
             history: self.history.clone(),
             cooldown_until_ms: self.cooldown_until_ms,
+            booted_ms: self.booted_ms,
             turns_at: self.turns_at,
         }
     }
@@ -178,6 +193,7 @@ fn decide_answers_the_same_until_next_change_and_otherwise_at_it() {
             history: &case.history,
             cooldown_until_ms: case.cooldown_until_ms,
             approved: None,
+            booted_ms: case.booted_ms,
         };
         let next = next_change(view, &policy, NOW);
         let until = next.unwrap_or(NOW + 30 * 24 * 60 * MIN);
@@ -224,6 +240,7 @@ fn instants_already_past_are_not_named_again() {
         history: &[],
         cooldown_until_ms: NOW - 1,
         approved: None,
+        booted_ms: None,
     };
     assert_eq!(next_change(view, &policy, NOW), None);
 }

@@ -116,6 +116,12 @@ pub struct RuleConfig {
     /// whole ladder): going further quarantines the node with a critical alert, a person decides.
     #[serde(default)]
     pub stop_at: Option<Rung>,
+    /// Boot transients: a finding first seen within this long after the node booted (its first
+    /// report with another boot id than the one known) waits until this long after the boot, and
+    /// is dropped if it clears by then: links training, NVLink and InfiniBand ports coming up,
+    /// PCIe retraining.
+    #[serde(default, with = "humantime_serde")]
+    pub boot_grace: Option<Duration>,
 }
 
 fn default_statuses() -> Vec<Status> {
@@ -138,9 +144,20 @@ impl RuleConfig {
             })
     }
 
-    fn debounced(&self, tracked: &TrackedFinding, now_ms: u64) -> bool {
+    fn debounced(&self, tracked: &TrackedFinding, booted_ms: Option<u64>, now_ms: u64) -> bool {
         tracked.observations >= self.observations
             && now_ms.saturating_sub(tracked.first_seen_ms) >= self.for_duration.as_millis() as u64
+            && self.grace_ends(tracked, booted_ms).is_none_or(|ends| now_ms >= ends)
+    }
+
+    /// When the boot grace of `tracked` ends, if it was first seen within it.
+    pub(super) fn grace_ends(
+        &self,
+        tracked: &TrackedFinding,
+        booted_ms: Option<u64>,
+    ) -> Option<u64> {
+        let ends = booted_ms?.saturating_add(self.boot_grace?.as_millis() as u64);
+        (tracked.first_seen_ms < ends).then_some(ends)
     }
 }
 
@@ -157,8 +174,18 @@ pub(super) fn rule(name: &str, action: RuleActionSpec) -> RuleConfig {
         for_duration: Duration::ZERO,
         drain_window: None,
         stop_at: None,
+        boot_grace: None,
     }
 }
+
+/// The agent's findings that a boot brings about and clears by itself within minutes: a link
+/// still training, an InfiniBand port waiting for its subnet manager, an NVLink not up yet, a PCIe
+/// link retraining to its width or speed.
+pub const BOOT_TRANSIENTS: &[&str] =
+    &["nic_down", "ib_port_down", "nvlink_down", "pcie_link", "pcie_width", "pcie_speed"];
+
+/// How long after a boot the built-in rules hold [`BOOT_TRANSIENTS`].
+pub const BOOT_GRACE: Duration = Duration::from_secs(5 * 60);
 
 /// The built-in rules, built once (every decision reads them).
 pub(super) static BUILTIN_RULES: std::sync::LazyLock<Vec<RuleConfig>> =
@@ -175,7 +202,18 @@ pub fn builtin_rules() -> Vec<RuleConfig> {
         )]),
         ..rule(name, action)
     };
-    vec![
+    // A boot's transients: held for `BOOT_GRACE` after the node's boot and dropped if they clear
+    // in it (a planned reboot's links do not drain the node); past it, the agent's
+    // recommendation, as below.
+    let boot_transient = |finding: &str| RuleConfig {
+        source: Some(FindingSource::Agent),
+        finding: Some(finding.to_owned()),
+        observations: 2,
+        boot_grace: Some(BOOT_GRACE),
+        ..rule(&format!("boot-transient-{finding}"), RuleActionSpec::Recommended)
+    };
+    let transients = BOOT_TRANSIENTS.iter().map(|f| boot_transient(f));
+    let mut rules = vec![
         // The GPU fell off the bus: only a node reboot brings it back.
         xid("xid-fallen-off-bus", &["79"], RuleActionSpec::Reboot),
         // Double-bit ECC, uncontained errors, GSP errors: a GPU reset, which a reboot also does.
@@ -215,6 +253,9 @@ pub fn builtin_rules() -> Vec<RuleConfig> {
             source: Some(FindingSource::Probe),
             ..rule("allreduce-probe", RuleActionSpec::Recommended)
         },
+    ];
+    rules.extend(transients);
+    rules.extend([
         // Everything else the agent fails: its recommendation. Two observations so a single
         // glitchy poll does not take a node out; events (Xid, kernel log) are caught above or
         // arrive in every report while their window lasts.
@@ -225,7 +266,8 @@ pub fn builtin_rules() -> Vec<RuleConfig> {
         },
         // Warnings: tell someone, leave the node at work.
         RuleConfig { status: vec![Status::Warn], ..rule("warnings", RuleActionSpec::Alert) },
-    ]
+    ]);
+    rules
 }
 
 /// Longest part of a finding's message in a decision's reason (the reason becomes a Slurm drain
@@ -249,6 +291,7 @@ pub(super) fn message_part(message: &str) -> String {
 /// to the same action), and whether a disruptive rule matched but waits for its debounce.
 pub(super) fn best_verdict(
     findings: &[TrackedFinding],
+    booted_ms: Option<u64>,
     rules: &[&RuleConfig],
     now_ms: u64,
 ) -> (Option<Verdict>, bool) {
@@ -261,7 +304,7 @@ pub(super) fn best_verdict(
         if action == RuleAction::None {
             continue;
         }
-        if !rule.debounced(tracked, now_ms) {
+        if !rule.debounced(tracked, booted_ms, now_ms) {
             pending |= action.is_disruptive();
             continue;
         }

@@ -52,6 +52,7 @@ fn node<'a>(state: NodeState, findings: &'a [TrackedFinding]) -> NodeView<'a> {
         history: &[],
         cooldown_until_ms: 0,
         approved: None,
+        booted_ms: None,
     }
 }
 
@@ -79,11 +80,11 @@ fn rule_kinds_map_findings_to_actions() {
             "agent-recommendation",
         ),
         (
-            "nic down follows the agent: drain",
+            "nic down follows the agent: drain (a boot transient, no boot heard of)",
             finding("nic", "nic_down", Status::Fail, RecommendedAction::Drain),
             2,
             RuleAction::Drain,
-            "agent-recommendation",
+            "boot-transient-nic_down",
         ),
         (
             "reset-gpu becomes a reboot",
@@ -556,10 +557,60 @@ fn a_stop_below_the_rules_own_action_is_a_problem() {
         rules: vec![RuleConfig {
             stop_at: Some(Rung::Drain),
             drain_window: Some(Duration::ZERO),
+            boot_grace: Some(Duration::ZERO),
             ..rule("xid", RuleActionSpec::Reboot)
         }],
         ..Policy::default()
     };
     let fields: Vec<String> = policy.problems("policy").into_iter().map(|(f, _)| f).collect();
-    assert_eq!(fields, ["policy.rules[0].stop_at", "policy.rules[0].drain_window"]);
+    assert_eq!(
+        fields,
+        ["policy.rules[0].stop_at", "policy.rules[0].drain_window", "policy.rules[0].boot_grace"]
+    );
+}
+
+/// Boot transients, per rule: each finding of [`rules::BOOT_TRANSIENTS`] first seen within
+/// `BOOT_GRACE` of the node's boot waits until the grace ends (the node stays suspect, nothing is
+/// done); the same finding seen later, on a node not just booted, or any other finding, is
+/// decided as always.
+#[test]
+fn boot_transients_wait_out_their_grace_after_a_boot_and_nothing_else_does() {
+    let policy = Policy::default();
+    let grace = rules::BOOT_GRACE.as_millis() as u64;
+    let min = 60_000;
+    for id in rules::BOOT_TRANSIENTS {
+        let transient = finding("nic", id, Status::Fail, RecommendedAction::Drain);
+        // (case, booted this long ago, first seen this long ago, acted on now)
+        let table: [(&str, Option<u64>, u64, bool); 5] = [
+            ("seen a minute after the boot, within the grace", Some(2 * min), min, false),
+            ("seen at the boot, the grace just over", Some(grace), grace, true),
+            ("seen within the grace, still there after it", Some(grace + min), grace, true),
+            ("seen after the grace", Some(grace + 2 * min), min, true),
+            ("no boot heard of since the repairer knew the node", None, min, true),
+        ];
+        for (case, booted_ago, seen_ago, acts) in table {
+            let findings = [tracked(transient.clone(), 3, seen_ago)];
+            let view = NodeView {
+                booted_ms: booted_ago.map(|ago| NOW - ago),
+                ..node(NodeState::Suspect, &findings)
+            };
+            let decision = decide(view, fleet(), &policy, NOW);
+            let rule = format!("boot-transient-{id}");
+            match acts {
+                true => assert_eq!(
+                    action_of(&decision),
+                    Some((RuleAction::Drain, rule.as_str())),
+                    "{id}: {case}: {decision:?}"
+                ),
+                false => assert!(action_of(&decision).is_none(), "{id}: {case}: {decision:?}"),
+            }
+        }
+    }
+    // Not a transient: an Xid right after a boot is acted on at once.
+    let findings = [tracked(xid("79"), 1, 0)];
+    let view = NodeView { booted_ms: Some(NOW - min), ..node(NodeState::Healthy, &findings) };
+    assert_eq!(
+        action_of(&decide(view, fleet(), &policy, NOW)).map(|a| a.0),
+        Some(RuleAction::Reboot)
+    );
 }
