@@ -126,6 +126,7 @@ async fn daemon_raises_the_event_and_clears_after_the_window() {
             subject: "${pci}".into(),
             clear_after,
             lines: 1,
+            clear_pattern: String::new(),
         }],
         // Only new records: the backlog is another test's.
         read_existing: false,

@@ -241,6 +241,13 @@ impl Ledger {
             self.bursts.observe(&found, at, &text);
             self.note(index, rule, found, (at, record.seq), &text);
         }
+        // A line that says a condition is over clears what was seen of it before the line.
+        for (index, rule) in rules.iter().enumerate() {
+            let Some(subject) = rule.clears(&text) else { continue };
+            if let Some(entry) = self.entries.get_mut(&(index, subject)) {
+                entry.hits.retain(|hit| hit.at > at);
+            }
+        }
         matched
     }
 
@@ -779,6 +786,33 @@ mod tests {
         plain.record(&rules, &line(XID79), None, now);
         let findings = plain.findings(&rules, now);
         assert!(!findings[0].labels.contains_key(KMSG_SEQ_LABEL), "no kmsg record, no identity");
+    }
+
+    /// A line that says the condition is over clears it at once (`clear_pattern`): a link that
+    /// came back up is no longer reported down, on that interface only; a later down counts again.
+    #[test]
+    fn link_up_clears_the_matching_link_down() {
+        let rules = compiled();
+        let mut ledger = ledger(&rules);
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let at = |s: u64| now + Duration::from_secs(s);
+        let link = |text: &str, s: u64, ledger: &mut Ledger| {
+            ledger.record(&rules, &line(text), None, at(s));
+        };
+        let down = |ledger: &mut Ledger, s: u64| -> Vec<String> {
+            let findings = ledger.findings(&rules, at(s));
+            let down = findings.iter().filter(|f| f.finding == "link_down");
+            down.filter(|f| f.status != Status::Ok).map(|f| f.subject.clone()).collect()
+        };
+        link("mlx5_core 0000:0c:00.0 ens1f0np0: Link down", 0, &mut ledger);
+        link("e1000e: eth1 NIC Link is Down", 1, &mut ledger);
+        assert_eq!(down(&mut ledger, 2), ["ens1f0np0", "eth1"]);
+        link("mlx5_core 0000:0c:00.0 ens1f0np0: Link up", 3, &mut ledger);
+        assert_eq!(down(&mut ledger, 4), ["eth1"], "only the interface that came up");
+        link("e1000e: eth1 NIC Link is Up 1000 Mbps Full Duplex", 5, &mut ledger);
+        assert!(down(&mut ledger, 6).is_empty());
+        link("mlx5_core 0000:0c:00.0 ens1f0np0: Link down", 7, &mut ledger);
+        assert_eq!(down(&mut ledger, 8), ["ens1f0np0"], "down again");
     }
 
     /// A flood: the same line 100,000 times is one finding that counts them, in bounded memory.

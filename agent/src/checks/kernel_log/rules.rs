@@ -68,6 +68,10 @@ pub struct KernelLogRule {
     /// message the kernel prints over several lines. A match must reach into the newest line, so
     /// the same lines count once.
     pub lines: usize,
+    /// A line that says the condition is over (empty: none): matching it clears the rule's
+    /// finding on the subject it names (the subject template filled from its groups), without
+    /// waiting for `clear_after`. `Link is Up` clears `link_down`.
+    pub clear_pattern: String,
 }
 
 impl Default for KernelLogRule {
@@ -81,6 +85,7 @@ impl Default for KernelLogRule {
             subject: String::new(),
             clear_after: Duration::from_secs(3600),
             lines: 1,
+            clear_pattern: String::new(),
         }
     }
 }
@@ -136,6 +141,8 @@ pub struct Rule {
     /// The latest match per subject replaces the earlier ones (a state, like the driver's recovery
     /// action), instead of the worst match in the window winning.
     pub latest_wins: bool,
+    /// Lines that clear the condition (`clear_pattern`).
+    clear: Option<Regex>,
 }
 
 /// What one matching line means.
@@ -162,6 +169,14 @@ impl Rule {
             .captures_iter(text.as_bytes())
             .find(|caps| caps.get_match().is_some_and(|m| m.end() > from))?;
         Some(self.found(&Groups { caps: &caps, haystack: text.as_bytes() }))
+    }
+
+    /// The subject a line clears the condition of, if it is a clearing line.
+    pub fn clears(&self, text: &str) -> Option<String> {
+        let regex = self.clear.as_ref()?;
+        let mut caps = regex.create_captures();
+        regex.captures(text.as_bytes(), &mut caps);
+        caps.is_match().then(|| self.subject_of(&Groups { caps: &caps, haystack: text.as_bytes() }))
     }
 
     fn found(&self, groups: &Groups<'_>) -> RuleMatch {
@@ -260,6 +275,7 @@ pub fn compile(rule: &KernelLogRule) -> Result<Rule, Vec<RuleProblem>> {
     if let Some(regex) = &regex {
         check_groups(regex, subject.as_deref(), status, action, &mut problems);
     }
+    let clear = clear_regex(&rule.clear_pattern, subject.as_deref(), &mut problems);
     match (regex, status, action, subject) {
         (Some(regex), Some(status), Some(action), Some(subject)) if problems.is_empty() => {
             Ok(Rule {
@@ -272,6 +288,7 @@ pub fn compile(rule: &KernelLogRule) -> Result<Rule, Vec<RuleProblem>> {
                 clear_after: rule.clear_after,
                 lines: rule.lines,
                 latest_wins: status == StatusSource::RecoveryAction,
+                clear,
             })
         }
         _ => Err(problems),
@@ -330,6 +347,36 @@ fn pattern_regex(pattern: &str, problems: &mut Vec<RuleProblem>) -> Option<Regex
             None
         }
     }
+}
+
+/// A rule's `clear_pattern` compiled (none when empty), or `None` with the problem noted: it
+/// must be a valid regex with every group the subject takes.
+fn clear_regex(
+    pattern: &str,
+    subject: Option<&[TemplatePart]>,
+    problems: &mut Vec<RuleProblem>,
+) -> Option<Regex> {
+    if pattern.is_empty() {
+        return None;
+    }
+    let regex = match build_regex(pattern) {
+        Ok(regex) => regex,
+        Err(text) => {
+            problems.push(("clear_pattern", format!("not a valid regex: {text}")));
+            return None;
+        }
+    };
+    for part in subject.into_iter().flatten() {
+        if let TemplatePart::Group(name) = part
+            && !group_names(&regex).any(|n| n == name)
+        {
+            problems.push((
+                "clear_pattern",
+                format!("has no group {name:?}, which the subject takes its value from"),
+            ));
+        }
+    }
+    Some(regex)
 }
 
 /// The problems with the capture groups of a rule's compiled pattern: too many or too long for
@@ -520,12 +567,21 @@ mod tests {
             subject: "${x".into(),
             clear_after: Duration::ZERO,
             lines: 9,
+            clear_pattern: "(unclosed".into(),
         };
         let problems = compile(&bad).err().unwrap_or_default();
         let fields: Vec<&str> = problems.iter().map(|p| p.0).collect();
-        for field in
-            ["name", "pattern", "finding", "status", "action", "subject", "clear_after", "lines"]
-        {
+        for field in [
+            "name",
+            "pattern",
+            "finding",
+            "status",
+            "action",
+            "subject",
+            "clear_after",
+            "lines",
+            "clear_pattern",
+        ] {
             assert!(fields.contains(&field), "{field} missing from {problems:?}");
         }
         let missing_group =
@@ -534,6 +590,14 @@ mod tests {
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert_eq!(problems[0].0, "subject");
         assert!(problems[0].1.contains("dev"), "{problems:?}");
+        let clear_lacks_group = KernelLogRule {
+            subject: "${disk}".into(),
+            clear_pattern: "disk back".into(),
+            ..rule("disk (?P<disk>\\w+)")
+        };
+        let problems = compile(&clear_lacks_group).err().unwrap_or_default();
+        assert_eq!(problems.iter().map(|p| p.0).collect::<Vec<_>>(), ["clear_pattern"]);
+        assert!(problems[0].1.contains("disk"), "{problems:?}");
         let catalog = KernelLogRule { action: "xid-catalog".into(), ..rule("Xid") };
         let problems = compile(&catalog).err().unwrap_or_default();
         assert_eq!(problems.iter().map(|p| p.0).collect::<Vec<_>>(), ["action"]);

@@ -27,6 +27,7 @@ fn builtin(
         subject: subject.to_owned(),
         clear_after: Duration::from_secs(clear_after_secs),
         lines: 1,
+        clear_pattern: String::new(),
     }
 }
 
@@ -94,7 +95,7 @@ fn xid_rules() -> Vec<KernelLogRule> {
 /// - `nic_watchdog`: a transmit timeout makes the driver reset the NIC, which usually recovers;
 ///   warn, no action; the nic check reports lasting link state. 1 h.
 /// - `link_down`: an event; the lasting condition (link still down, flapping) is the nic check's,
-///   so warn briefly (15 min) and take no action.
+///   so warn briefly (15 min, or until the interface's `Link is Up`) and take no action.
 /// - `oom_kill`: the job's problem, not the node's: warn, no action, 1 h.
 /// - `hung_task`: often a stuck filesystem or driver, but not by itself a reason to act: warn so a
 ///   person looks, no action, 1 h.
@@ -146,15 +147,20 @@ fn host_rules() -> Vec<KernelLogRule> {
             "${interface}",
             HOUR,
         ),
-        builtin(
-            "link_down",
-            r"(?P<interface>[A-Za-z0-9_.@-]{1,32}):? (?:NIC )?Link (?:is Down|down)\b",
-            "link_down",
-            "warn",
-            "none",
-            "${interface}",
-            15 * MINUTE,
-        ),
+        KernelLogRule {
+            // The link came back: the warning is over.
+            clear_pattern: r"(?P<interface>[A-Za-z0-9_.@-]{1,32}):? (?:NIC )?Link (?:is Up|up)\b"
+                .to_owned(),
+            ..builtin(
+                "link_down",
+                r"(?P<interface>[A-Za-z0-9_.@-]{1,32}):? (?:NIC )?Link (?:is Down|down)\b",
+                "link_down",
+                "warn",
+                "none",
+                "${interface}",
+                15 * MINUTE,
+            )
+        },
         builtin(
             "oom_kill",
             r"(?i)out of memory: Killed process",
