@@ -13,7 +13,7 @@ use super::World;
 #[derive(Debug, Default)]
 pub struct NotHealthy {
     generation: u64,
-    pub by_name: BTreeMap<String, NodeState>,
+    by_name: BTreeMap<String, NodeState>,
     /// The slot of each node of `by_name`, in its order: none for a node no longer in one.
     slots: Vec<Option<u32>>,
 }

@@ -1,5 +1,6 @@
-//! Placement under the gang scheduler: the queue's own [`placement::place`] over the idle nodes,
-//! and the launch of the attempts it places.
+//! Placement under the gang scheduler: the queue's own placement ([`placement::place_indexed`],
+//! the nodes by their place among the candidates) over the idle nodes, and the launch of the
+//! attempts it places.
 
 use std::collections::BTreeSet;
 
