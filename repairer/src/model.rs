@@ -197,8 +197,13 @@ pub struct TrackedFinding {
     /// Unix ms of the first observation in the current run of observations.
     pub first_seen_ms: u64,
     pub last_seen_ms: u64,
-    /// Consecutive observations (reports, alert notifications) that carried it.
+    /// Consecutive observations that carried it: looks of the check that reports it (a report
+    /// carrying the same run of the check again is not another look), alert notifications.
     pub observations: u32,
+    /// When the run of the check behind the latest observation finished (the report's
+    /// `checks[].finished_at_ms`); none where the report named no run of its check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub looked_ms: Option<u64>,
 }
 
 impl TrackedFinding {

@@ -16,16 +16,16 @@ use fleetmend_proto::{Finding, Report, Status};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
-use crate::model::{
-    Actor, Event, EventKind, FindingKey, FindingSource, NodeState, Severity, TrackedFinding,
-};
+use crate::model::{Actor, Event, EventKind, FindingKey, NodeState, Severity, TrackedFinding};
 use crate::policy::{FleetView, RepairRecord};
 use crate::ports::{EventLog, Heartbeats, NodeHealth};
 use crate::store::{Pending, StoreError};
 
 mod acted;
+mod tracking;
 
 pub use self::acted::{ActedThrough, kmsg_seq};
+pub(crate) use self::tracking::{remove_findings, source_of, track};
 
 /// A change to a node record could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -162,7 +162,10 @@ impl NodeRecord {
             member,
             unavailable: self.state.is_unavailable(),
             in_repair: matches!(self.state, NodeState::Repairing | NodeState::Validating),
-            unhealthy_since_ms: self.unhealthy_since_ms.filter(|_| member),
+            // Planned work a person drained it for is no storm.
+            unhealthy_since_ms: self
+                .unhealthy_since_ms
+                .filter(|_| member && !self.drained_by_person),
             timed: self.timed(),
         }
     }
@@ -626,8 +629,9 @@ impl NodesGuard<'_> {
             repairs_in_flight: counts.in_repair,
             breaker_open: false,
         };
+        // A time to come: a boot's transients, counted only if they outlast their grace.
         let recent = breaker_window_ms.map_or(0, |window| {
-            counts.unhealthy_since.range(now.saturating_sub(window)..).map(|(_, n)| *n).sum()
+            counts.unhealthy_since.range(now.saturating_sub(window)..=now).map(|(_, n)| *n).sum()
         });
         (fleet, recent)
     }
@@ -687,100 +691,6 @@ pub(crate) fn metrics_target(report: &Report) -> Option<String> {
     let host = report.address.as_deref().filter(|a| !a.is_empty()).unwrap_or(&report.node);
     // An IPv6 literal needs brackets before the port.
     Some(if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") })
-}
-
-/// The source a finding on `node` was tracked from (agent unless tracked otherwise).
-pub(crate) fn source_of(node: &NodeRecord, finding: &Finding) -> FindingSource {
-    node.findings
-        .iter()
-        .find(|t| {
-            t.finding.check == finding.check
-                && t.finding.finding == finding.finding
-                && t.finding.subject == finding.subject
-        })
-        .map(|t| t.source)
-        .unwrap_or(FindingSource::Agent)
-}
-
-/// Replaces the tracked findings of `source` with `incoming`; true when the set of keys or a
-/// status changed (a heartbeat with the same findings only counts observations).
-pub(crate) fn track(
-    node: &mut NodeRecord,
-    source: FindingSource,
-    incoming: &[&Finding],
-    now: u64,
-) -> bool {
-    let mut changed = false;
-    let mut kept: Vec<TrackedFinding> = Vec::with_capacity(node.findings.len());
-    let mut seen: BTreeSet<FindingKey> = BTreeSet::new();
-    for finding in incoming {
-        let key = FindingKey::of(finding, source);
-        if !seen.insert(key.clone()) {
-            continue;
-        }
-        match node.findings.iter().find(|t| t.key() == key) {
-            Some(existing) => {
-                let status_changed = existing.finding.status != finding.status;
-                changed |= status_changed;
-                kept.push(TrackedFinding {
-                    finding: (*finding).clone(),
-                    source,
-                    first_seen_ms: existing.first_seen_ms,
-                    last_seen_ms: now,
-                    observations: existing.observations.saturating_add(1),
-                });
-                // A second observation can satisfy a debounce: decide again.
-                changed |= existing.observations == 1;
-            }
-            None => {
-                changed = true;
-                kept.push(TrackedFinding {
-                    finding: (*finding).clone(),
-                    source,
-                    first_seen_ms: now,
-                    last_seen_ms: now,
-                    observations: 1,
-                });
-            }
-        }
-    }
-    let before = node.findings.iter().filter(|t| t.source == source).count();
-    if before != kept.len() {
-        changed = true;
-    }
-    let had_failing = node.has_failing();
-    node.findings.retain(|t| t.source != source);
-    node.findings.extend(kept);
-    let cleared: Vec<FindingKey> = node
-        .alerted
-        .iter()
-        .filter(|k| !node.findings.iter().any(|t| &t.key() == *k))
-        .cloned()
-        .collect();
-    for key in cleared {
-        node.alerted.remove(&key);
-    }
-    if node.has_failing() {
-        if !had_failing {
-            node.unhealthy_since_ms = Some(now);
-        }
-    } else {
-        node.unhealthy_since_ms = None;
-    }
-    changed
-}
-
-pub(crate) fn remove_findings(
-    node: &mut NodeRecord,
-    pred: impl Fn(&TrackedFinding) -> bool,
-) -> bool {
-    let before = node.findings.len();
-    node.findings.retain(|t| !pred(t));
-    let changed = node.findings.len() != before;
-    if changed && !node.has_failing() {
-        node.unhealthy_since_ms = None;
-    }
-    changed
 }
 
 #[cfg(test)]

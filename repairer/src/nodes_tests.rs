@@ -1,8 +1,9 @@
 #![allow(clippy::unwrap_used)]
 
-use fleetmend_proto::{RecommendedAction, ReportTrigger, Verdict, WIRE_VERSION};
+use fleetmend_proto::{CheckRun, RecommendedAction, ReportTrigger, Verdict, WIRE_VERSION};
 
 use super::*;
+use crate::model::FindingSource;
 
 fn report(address: Option<&str>, metrics_port: Option<u16>) -> Report {
     Report {
@@ -78,13 +79,15 @@ fn the_counts_follow_every_change_of_a_record() {
             .bool()
             .then(|| Finding::new("gpu", "xid", "0", Status::Fail, RecommendedAction::Reboot, ""));
         let unknown = rng.u8(0..4) == 0;
+        let by_person = rng.u8(0..8) == 0;
         guard
             .update(&name, |node, events| {
                 set_unknown(events, node, unknown, "test", step)?;
+                node.drained_by_person = by_person;
                 node.unhealthy_since_ms = since;
                 node.findings.clear();
                 if let Some(finding) = &finding {
-                    track(node, FindingSource::Agent, &[finding], step);
+                    track(node, FindingSource::Agent, &[finding], &[], step);
                 }
                 transition(events, node, to, "test", Actor::repairer(), step)
             })
@@ -107,8 +110,10 @@ fn the_counts_follow_every_change_of_a_record() {
         let counted_recent = records
             .iter()
             .filter(|n| {
+                // A time to come (a boot's grace) and a person's drain are no storm.
                 n.state.is_member()
-                    && n.unhealthy_since_ms.is_some_and(|t| now.saturating_sub(t) <= window)
+                    && !n.drained_by_person
+                    && n.unhealthy_since_ms.is_some_and(|t| t <= now && now - t <= window)
             })
             .count() as u32;
         assert_eq!(
@@ -159,4 +164,61 @@ fn applying_the_inventory_marks_nodes_in_and_out_with_one_event_each() {
     let reloaded = Nodes::load(nodes.events.clone()).unwrap();
     assert_eq!(reloaded.unknown_count(), 2);
     assert!(reloaded.get("b").unwrap().unknown && !reloaded.get("a").unwrap().unknown);
+}
+
+/// A fresh boot's transient (a link still training) turns the node unhealthy for the breaker
+/// only when the boot grace ends; a failing finding of another kind, at once.
+#[test]
+fn a_boot_transient_counts_toward_the_breaker_only_past_its_grace() {
+    let grace = crate::policy::BOOT_GRACE.as_millis() as u64;
+    let link = Finding::new("nic", "nic_down", "eth0", Status::Fail, RecommendedAction::Drain, "");
+    let xid = Finding::new("gpu", "xid", "79", Status::Fail, RecommendedAction::Reboot, "");
+    let mut node = NodeRecord::new("n1", 0);
+    node.booted_ms = Some(1_000);
+    track(&mut node, FindingSource::Agent, &[&link], &[], 2_000);
+    assert_eq!(node.unhealthy_since_ms, Some(1_000 + grace));
+    // Reported again within the grace: still from its end.
+    track(&mut node, FindingSource::Agent, &[&link], &[], 3_000);
+    assert_eq!(node.unhealthy_since_ms, Some(1_000 + grace));
+    // An Xid beside it: unhealthy now.
+    track(&mut node, FindingSource::Agent, &[&link, &xid], &[], 4_000);
+    assert_eq!(node.unhealthy_since_ms, Some(4_000));
+    // A node that did not just boot: unhealthy when the link went down.
+    let mut other = NodeRecord::new("n2", 0);
+    track(&mut other, FindingSource::Agent, &[&link], &[], 2_000);
+    assert_eq!(other.unhealthy_since_ms, Some(2_000));
+
+    // The breaker's count takes in a time to come only once it came.
+    let (_dir, nodes) = nodes();
+    let mut guard = nodes.lock();
+    let mut booted = NodeRecord::new("n1", 0);
+    booted.booted_ms = Some(1_000);
+    track(&mut booted, FindingSource::Agent, &[&link], &[], 2_000);
+    guard.insert(booted);
+    let window = 600_000;
+    assert_eq!(guard.fleet(2_000, Some(window)).1, 0);
+    assert_eq!(guard.fleet(1_000 + grace, Some(window)).1, 1);
+}
+
+/// Observations are looks of the check: a report carrying the check's same run again adds none.
+#[test]
+fn a_check_run_carried_again_is_not_another_observation() {
+    let link = Finding::new("nic", "nic_down", "eth0", Status::Fail, RecommendedAction::Drain, "");
+    let run = |at: u64| CheckRun {
+        check: "nic".to_owned(),
+        status: Status::Fail,
+        duration_seconds: 0.0,
+        timed_out: false,
+        finished_at_ms: at,
+    };
+    let mut node = NodeRecord::new("n1", 0);
+    for now in [1_000, 2_000, 3_000] {
+        track(&mut node, FindingSource::Agent, &[&link], &[run(500)], now);
+    }
+    assert_eq!(node.findings[0].observations, 1);
+    assert!(track(&mut node, FindingSource::Agent, &[&link], &[run(10_500)], 11_000));
+    assert_eq!(node.findings[0].observations, 2);
+    // A report naming no run of the check counts, as from agents before check runs were named.
+    track(&mut node, FindingSource::Agent, &[&link], &[], 12_000);
+    assert_eq!(node.findings[0].observations, 3);
 }

@@ -15,6 +15,7 @@
 mod bursts;
 #[doc(hidden)]
 pub mod fuzzing;
+mod judge;
 mod rules;
 mod source;
 mod stamp;
@@ -31,6 +32,7 @@ use serde::Deserialize;
 
 use self::bursts::XidBursts;
 pub use self::bursts::{XidBurstRule, default_bursts};
+pub use self::judge::KernelLogJudge;
 pub use self::rules::{KernelLogRule, builtin_rules};
 use self::rules::{MAX_LINES, Rule, RuleMatch, truncate_chars};
 pub use self::source::{LogReader, Record};

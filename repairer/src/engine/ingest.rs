@@ -83,7 +83,7 @@ impl Engine {
                 .iter()
                 .filter(|f| f.status != Status::Ok && !node.acted_on_before(f))
                 .collect();
-            changed |= track(node, FindingSource::Agent, &incoming, now);
+            changed |= track(node, FindingSource::Agent, &incoming, &report.checks, now);
             Ok((changed, rebooted, changed || new_agent || moved_target || moved_address))
         })?;
         if changed {
@@ -159,7 +159,7 @@ impl Engine {
             node.last_seq = report.seq;
             let incoming: Vec<&Finding> =
                 report.findings.iter().filter(|f| f.status != Status::Ok).collect();
-            let changed = track(node, FindingSource::Agent, &incoming, now);
+            let changed = track(node, FindingSource::Agent, &incoming, &report.checks, now);
             Ok(joined || left || new_agent || changed)
         })?;
         let saving = save.then(|| nodes.start_save(&report.node));
@@ -196,7 +196,7 @@ impl Engine {
                 .collect();
             current.push(finding.clone());
             let refs: Vec<&Finding> = current.iter().collect();
-            track(&mut node, source, &refs, now)
+            track(&mut node, source, &refs, &[], now)
         } else {
             remove_findings(&mut node, |t| t.key() == key)
         };

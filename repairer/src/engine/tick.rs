@@ -28,12 +28,14 @@ fn held_by_the_fleet(node: &NodeRecord) -> bool {
 }
 
 /// Whether a silent `node` is one the tick marks unreachable: a working member, not one a
-/// repair took down, not one marked already.
+/// repair took down, not one a person drained (planned work: a reboot, a driver upgrade), not one
+/// marked already.
 fn may_turn_unreachable(node: &NodeRecord) -> bool {
     !node.findings.iter().any(|t| t.finding.finding == UNREACHABLE)
         && node.state.is_member()
         && !node.unknown
         && node.state != NodeState::Repairing
+        && !node.drained_by_person
 }
 
 impl Engine {
@@ -161,6 +163,7 @@ impl Engine {
             first_seen_ms: now,
             last_seen_ms: now,
             observations: 1,
+            looked_ms: None,
         });
         if marked.unhealthy_since_ms.is_none() {
             marked.unhealthy_since_ms = Some(now);

@@ -83,6 +83,7 @@ mod tests {
             first_seen_ms: 0,
             last_seen_ms: 0,
             observations: 1,
+            looked_ms: None,
         }
     }
 

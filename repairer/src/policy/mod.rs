@@ -15,7 +15,9 @@ use serde::{Deserialize, Serialize};
 
 pub use self::escalation::Escalation;
 pub use self::guard_rails::{GuardRails, Hold, breaker_trips};
-pub use self::rules::{RuleActionSpec, RuleConfig, Rung, builtin_rules};
+pub use self::rules::{
+    BOOT_GRACE, BOOT_TRANSIENTS, RuleActionSpec, RuleConfig, Rung, builtin_rules,
+};
 pub use self::share::FleetShare;
 use crate::model::{NodeState, RuleAction, TrackedFinding};
 

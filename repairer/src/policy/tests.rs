@@ -37,6 +37,7 @@ fn tracked(finding: Finding, observations: u32, age_ms: u64) -> TrackedFinding {
         first_seen_ms: NOW - age_ms,
         last_seen_ms: NOW,
         observations,
+        looked_ms: None,
     }
 }
 

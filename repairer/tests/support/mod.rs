@@ -503,6 +503,21 @@ struct AgentState {
     address: Option<String>,
     /// The metrics port the node reports (for Prometheus service discovery).
     metrics_port: Option<u16>,
+    /// When the checks last ran, where fixed: reports carry that run again (as a real agent's
+    /// report sent for an event carries its checks' latest results); none: a new run each report.
+    checks_ran_at: Option<u64>,
+}
+
+/// The node boots: a new boot id, and the agent's first report follows; a reboot ends every
+/// process the agent ran.
+fn boot(node: &str, state: &mut AgentState) {
+    state.boot += 1;
+    state.boot_id = format!("{node}-boot-{}", state.boot);
+    state.seq = 0;
+    state.trigger = ReportTrigger::Startup;
+    state.results.clear();
+    state.delivered.clear();
+    state.ranks.clear();
 }
 
 #[derive(Debug)]
@@ -592,6 +607,20 @@ impl Agent {
         self.inner.state.lock().unwrap().metrics_port = Some(port);
     }
 
+    /// Its checks' results stand as of their run at `at`: every report carries that run again,
+    /// as a real agent's report sent for a kernel line or a command's result carries its checks'
+    /// latest results; none: each report is a new run.
+    pub fn set_checks_ran_at(&self, at: Option<u64>) {
+        self.inner.state.lock().unwrap().checks_ran_at = at;
+    }
+
+    /// The node boots with a new boot id, as a reboot a person makes outside fleetmend; its
+    /// findings stay as they were set.
+    pub fn reboot_by_hand(&self) {
+        let mut state = self.inner.state.lock().unwrap();
+        boot(&self.inner.node, &mut state);
+    }
+
     /// Waits until the repairer accepted `n` more reports of this agent.
     pub async fn wait_reports(&self, n: u64) {
         let target = self.reports_sent() + n;
@@ -633,6 +662,7 @@ impl Agent {
             term_exit: Some(0),
             address: None,
             metrics_port: None,
+            checks_ran_at: None,
         };
         Agent {
             inner: Arc::new(AgentInner {
@@ -802,17 +832,10 @@ impl AgentInner {
         if reboots > state.reboots_seen {
             state.reboots_seen = reboots;
             state.down |= state.stays_down_after_reboot;
-            state.boot += 1;
-            state.boot_id = format!("{}-boot-{}", self.node, state.boot);
+            boot(&self.node, state);
             if let Some(gbps) = state.allreduce_gbps_after_reboot.take() {
                 state.allreduce_gbps = gbps;
             }
-            state.seq = 0;
-            state.trigger = ReportTrigger::Startup;
-            state.results.clear();
-            state.delivered.clear();
-            // A reboot ends every process the agent ran.
-            state.ranks.clear();
             if !state.fault_persists {
                 state.findings.clear();
             }
@@ -840,7 +863,7 @@ impl AgentInner {
                     .fold(Status::Ok, |worst, f| worst.worst(f.status)),
                 duration_seconds: 0.01,
                 timed_out: false,
-                finished_at_ms: now,
+                finished_at_ms: state.checks_ran_at.unwrap_or(now),
             })
             .collect();
         let mut command_results = state.results.clone();

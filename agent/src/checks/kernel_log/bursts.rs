@@ -3,8 +3,12 @@
 //!
 //! NVIDIA's Xid catalog says of Xid 13 (graphics engine exception) that it is usually the
 //! application's, but "if the same GPC/TPC shows up repeatedly" the GPU should be tested; Xid 31
-//! (MMU fault) likewise. One incident prints several lines within a second (one per SM or
-//! exception kind), so occurrences closer than [`INCIDENT_GAP`] are one incident.
+//! (MMU fault) likewise, on the same GPU. One incident prints several lines within a second (one
+//! per SM or exception kind), so occurrences closer than [`INCIDENT_GAP`] are one incident.
+//!
+//! For Xid 13 only the lines that name a GPC and TPC count: an application that crashes on every
+//! restart repeats Xid 13 on the same GPU too (its `Graphics Exception: ESR` lines name no place),
+//! and counting those reboots healthy nodes (the noise soak of `fleetmend simulate --noise` did).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, SystemTime};
@@ -36,6 +40,9 @@ pub struct XidBurstRule {
     pub status: Status,
     /// What the burst asks for.
     pub action: RecommendedAction,
+    /// Count only lines that name the GPC and TPC; default: yes for Xid 13 (NVIDIA's sign of a
+    /// fault is the same GPC/TPC again), no for other codes.
+    pub same_place: Option<bool>,
 }
 
 impl Default for XidBurstRule {
@@ -47,7 +54,15 @@ impl Default for XidBurstRule {
             // A reboot resets the GPU, and the validation's deep check tests it before it takes
             // work again; a GPU that keeps failing it goes on up the ladder.
             action: RecommendedAction::Reboot,
+            same_place: None,
         }
+    }
+}
+
+impl XidBurstRule {
+    /// Whether only lines naming the GPC and TPC count toward a burst of `code`.
+    fn needs_place(&self, code: u32) -> bool {
+        self.same_place.unwrap_or(code == 13)
     }
 }
 
@@ -121,6 +136,9 @@ impl XidBursts {
                 found.labels.get(*unit).map(|v| format!("{} {v}", unit.to_uppercase()))
             })
             .collect();
+        if place.is_empty() && rule.needs_place(code) {
+            return;
+        }
         let key = (pci.clone(), code, place.join(", "));
         if !self.tracks.contains_key(&key) && self.tracks.len() >= MAX_SUBJECTS {
             let stale = self.tracks.iter().min_by_key(|(_, t)| t.last).map(|(k, _)| k.clone());
@@ -268,6 +286,43 @@ mod tests {
         bursts.observe(&xid13("1", "2"), t0, "line");
         let mut out = Vec::new();
         bursts.findings(t0 + Duration::from_secs(60), &mut out);
+        assert!(out.is_empty(), "{out:?}");
+    }
+
+    /// An application that crashes on every restart: Xid 13 on one GPU five times within the
+    /// hour, its lines naming no GPC/TPC, is no burst; Xid 31 on one GPU five times is (NVIDIA's
+    /// catalog names the GPU for it), unless its rule asks for the same place.
+    #[test]
+    fn placeless_xid_13_lines_make_no_burst_but_xid_31_on_one_gpu_does() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let at = |i: u32| t0 + Duration::from_secs(600) * i;
+        let placeless = |code: &str| RuleMatch {
+            labels: [("xid", code), ("pci", "0000:3b:00")]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+            ..xid13("1", "2")
+        };
+        let mut bursts = XidBursts::new(&default_bursts());
+        for i in 0..5 {
+            bursts.observe(&placeless("13"), at(i), "Graphics Exception: ESR 0x51de30=0x1000e");
+        }
+        let mut out = Vec::new();
+        bursts.findings(at(5), &mut out);
+        assert!(out.is_empty(), "{out:?}");
+        for i in 0..5 {
+            bursts.observe(&placeless("31"), at(i), "MMU Fault");
+        }
+        bursts.findings(at(5), &mut out);
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!((out[0].status, &out[0].labels["xid"]), (Status::Fail, &"31".to_owned()));
+        let own = XidBurstRule { same_place: Some(true), ..XidBurstRule::default() };
+        let mut bursts = XidBursts::new(&[("31".to_owned(), own)].into_iter().collect());
+        for i in 0..5 {
+            bursts.observe(&placeless("31"), at(i), "MMU Fault");
+        }
+        out.clear();
+        bursts.findings(at(5), &mut out);
         assert!(out.is_empty(), "{out:?}");
     }
 
