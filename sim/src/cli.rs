@@ -70,6 +70,12 @@ pub struct SimulateArgs {
     /// Seed of the failures; the same seed and settings give the same report (`fleet.seed`).
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
+    /// Benign noise on every node (application Xids, OOM kills, link flaps, planned reboots,
+    /// agent restarts, a rolling driver upgrade; `noise.enabled`, rates under `noise.*`), and the
+    /// repairer's actions on healthy nodes counted; with `failures.rate_per_node_day=0`, a
+    /// healthy fleet.
+    #[arg(long)]
+    pub noise: bool,
     /// Any setting by its dotted path, e.g. `failures.rate_per_node_day=0.01` (repeatable; after
     /// the flags above).
     #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_setting)]
@@ -276,6 +282,7 @@ pub fn overrides(args: &SimulateArgs) -> Vec<(String, String)> {
     set("fleet.spares", args.spares.map(|s| s.to_string()));
     set("job.checkpoint_every", args.checkpoint_every.clone());
     set("fleet.seed", args.seed.map(|seed| seed.to_string()));
+    set("noise.enabled", args.noise.then(|| "true".to_owned()));
     overrides.extend(args.set.iter().cloned());
     overrides
 }

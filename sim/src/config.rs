@@ -18,6 +18,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::catalog::{CatalogError, FaultCatalog};
 use crate::failures::{CorrelatedFailures, FailureConfig, InterFailure, Lemons};
+use crate::noise::NoiseConfig;
 use crate::recorded::Replay;
 
 const DAY: Duration = Duration::from_secs(86_400);
@@ -35,6 +36,8 @@ pub struct SimConfig {
     /// A fault catalog file instead of the built-in Llama 3 table.
     pub catalog: Option<PathBuf>,
     pub repairer: RepairerSettings,
+    /// Benign noise on every node (`--noise`).
+    pub noise: NoiseConfig,
     /// A recorded failure history struck instead of the random failures (`--replay`; not a
     /// setting of the document: [`crate::inputs`] sets it).
     #[serde(skip)]
@@ -450,6 +453,7 @@ impl SimConfig {
                 problems.push(format!("{field}.at"), "is not within fleet.duration");
             }
         }
+        self.noise.problems("noise", &mut problems);
         for (field, message) in self.repairer.queue.problems("repairer.queue") {
             problems.push(&field, message);
         }

@@ -46,6 +46,7 @@ pub mod gang;
 pub mod inputs;
 pub mod job;
 pub mod model;
+pub mod noise;
 pub mod plot;
 pub mod ports;
 pub mod recorded;

@@ -436,6 +436,7 @@ pub(crate) mod tests {
             spares: crate::spares::SpareFigures::default(),
             mtbi_hours: Some(16.0),
             sim_events: 12_345,
+            noise: None,
         }
     }
 

@@ -24,6 +24,9 @@ pub struct SimReport {
     pub mtbi_hours: Option<f64>,
     /// Discrete events the simulation processed (reports, commands, faults, clock jumps).
     pub sim_events: u64,
+    /// The repairer's actions on healthy nodes under benign noise (`--noise`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub noise: Option<crate::noise::NoiseFigures>,
 }
 
 /// The setting simulated.
@@ -221,6 +224,9 @@ impl SimReport {
             "spares: {} recommended ({} held); nodes out of service at once: mean {:.2}, 99 % of the time at most {}, at most {}",
             sp.recommended, self.setting.spares, sp.out_mean, sp.out_p99, sp.out_max
         );
+        if let Some(noise) = &self.noise {
+            out.push_str(&noise.summary());
+        }
         out
     }
 }

@@ -30,11 +30,12 @@ use crate::failures::{FailureEvent, FailureStream};
 use crate::gang::GangScheduler;
 use crate::job::SimJob;
 use crate::model::EttrModel;
+use crate::noise::{FalseAction, NoiseFigures};
 use crate::ports::{Presence, SimProvider};
 use crate::report::{FailureFigures, RepairFigures, Setting, SimReport};
 use crate::spares::{OutOfService, SpareFigures};
 use crate::store::MemoryStore;
-use crate::world::{Happening, Parts, World};
+use crate::world::{FaultSpan, Happening, Parts, SimNode, World};
 
 /// Where the virtual clock starts: 2026-01-01T00:00:00Z (any fixed time would do; a fixed one
 /// keeps the event log of a seed the same).
@@ -108,6 +109,7 @@ async fn run(
     }
     world.join_all();
     submit_jobs(&mut world)?;
+    world.start_noise();
     let mut next_failure = stream.next();
     let mut last_told = 0.0;
     let mut out_of_service = OutOfService::default();
@@ -152,6 +154,9 @@ async fn run(
     let events = audit_log(&world);
     let mut report = report(&config, &mut world, &lemons, end, &events);
     report.spares = out_of_service.figures(end);
+    if config.noise.enabled {
+        report.noise = Some(noise_figures(&world, &events, end));
+    }
     Ok((report, events))
 }
 
@@ -414,6 +419,7 @@ fn report(
         mtbi_hours: (interruptions > 0).then(|| wall_s / 3600.0 / f64::from(interruptions)),
         sim_events: tally.events,
         spares: SpareFigures::default(),
+        noise: None,
     }
 }
 
@@ -466,6 +472,71 @@ fn repair_figures(
             if world.nodes.get(&record.name).is_some_and(|n| lemon_slots.contains(&n.slot)) {
                 figures.quarantined_lemons += 1;
             }
+        }
+    }
+    figures
+}
+
+/// What the noise run shows: every drain, reboot, replacement or quarantine a rule decided on a
+/// node that carried no fault then (a false action), and every fault asking for an action that
+/// no rule acted on before it ended.
+fn noise_figures(world: &World, events: &[Event], end: u64) -> NoiseFigures {
+    let mut spans: BTreeMap<&str, Vec<&FaultSpan>> = BTreeMap::new();
+    for span in &world.spans {
+        spans.entry(span.node.as_str()).or_default().push(span);
+    }
+    let faulted_at = |node: &str, at: u64| {
+        spans.get(node).is_some_and(|spans| {
+            spans.iter().any(|s| s.since_ms <= at && s.until_ms.is_none_or(|until| at <= until))
+        })
+    };
+    let days = world.config.fleet.duration.as_secs_f64() / 86_400.0;
+    let mut figures = NoiseFigures {
+        node_days: f64::from(world.config.fleet.nodes) * days,
+        injected: world.noise_tally.injected.clone(),
+        kernel_lines: world.nodes.values().filter_map(|n| n.noise.as_ref()).map(|n| n.lines).sum(),
+        ..NoiseFigures::default()
+    };
+    let mut acted: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for event in
+        events.iter().filter(|e| e.kind == EventKind::Decision && e.actor.0.starts_with("rule:"))
+    {
+        let (Some(node), Some(action)) = (event.node.as_deref(), event.action) else { continue };
+        let acts = action.is_disruptive() || event.severity == Severity::Critical;
+        if !acts {
+            if !faulted_at(node, event.at_ms) {
+                figures.alerts_on_healthy += 1;
+            }
+            continue;
+        }
+        acted.entry(node).or_default().push(event.at_ms);
+        if !faulted_at(node, event.at_ms) {
+            figures.false_actions.push(FalseAction {
+                at_ms: event.at_ms,
+                node: node.to_owned(),
+                action: action.to_string(),
+                rule: event.actor.0.trim_start_matches("rule:").to_owned(),
+                reason: event.reason.clone(),
+            });
+        }
+    }
+    figures.false_actions_per_1000_node_days =
+        figures.false_actions.len() as f64 * 1000.0 / figures.node_days.max(f64::MIN_POSITIVE);
+    for span in
+        world.spans.iter().filter(|s| SimNode::fault_asks_for_action(&world.catalog, s.category))
+    {
+        figures.real_faults += 1;
+        let until = span.until_ms.unwrap_or(end);
+        let found = acted
+            .get(span.node.as_str())
+            .is_some_and(|ats| ats.iter().any(|at| (span.since_ms..=until).contains(at)));
+        if found {
+            figures.real_faults_acted_on += 1;
+        } else {
+            let category = &world.catalog.categories[span.category].name;
+            figures
+                .real_faults_missed
+                .push(format!("{} {category} at {}", span.node, span.since_ms));
         }
     }
     figures

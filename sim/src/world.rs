@@ -19,6 +19,7 @@ mod faults;
 mod gang;
 mod jobs;
 mod node;
+mod noise;
 mod not_healthy;
 mod provider;
 
@@ -37,6 +38,7 @@ use self::agenda::Agenda;
 pub use self::agenda::Happening;
 pub use self::gang::GangJob;
 pub use self::node::{ActiveFault, SimNode};
+pub use self::noise::{Noise, NoiseTally, Step};
 use self::not_healthy::NotHealthy;
 use crate::catalog::FaultCatalog;
 use crate::config::SimConfig;
@@ -104,6 +106,25 @@ pub struct World {
     unreachable_window_ms: u64,
     /// The engine's nodes not healthy, less the retired, read once per fleet generation.
     not_healthy: std::cell::RefCell<Arc<NotHealthy>>,
+    /// Every fault struck, with when it ended (for the noise run's accounting).
+    pub spans: Vec<FaultSpan>,
+    /// Node → its open span in `spans`.
+    open_spans: BTreeMap<String, usize>,
+    /// The noise's own generator (drawing noise leaves the faults' draws as they were).
+    noise_rng: fastrand::Rng,
+    pub noise_tally: NoiseTally,
+    /// Nodes rebooted on the new driver by the rolling upgrade.
+    upgraded: BTreeSet<String>,
+}
+
+/// A fault on a node from when it struck until it ended (fixed, cleared by a reboot, or its node
+/// retired); `until_ms` none: still there at the end.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FaultSpan {
+    pub node: String,
+    pub category: usize,
+    pub since_ms: u64,
+    pub until_ms: Option<u64>,
 }
 
 impl std::fmt::Debug for World {
@@ -178,6 +199,26 @@ impl World {
             faulted: BTreeSet::new(),
             unreachable_window_ms,
             not_healthy: std::cell::RefCell::new(Arc::new(NotHealthy::unread())),
+            spans: Vec::new(),
+            open_spans: BTreeMap::new(),
+            noise_rng: fastrand::Rng::with_seed(seed ^ 0x0015e),
+            noise_tally: NoiseTally::default(),
+            upgraded: BTreeSet::new(),
+        }
+    }
+
+    /// A fault of `category` struck `node` now.
+    fn open_span(&mut self, node: &str, category: usize) {
+        let since_ms = self.now();
+        self.open_spans.insert(node.to_owned(), self.spans.len());
+        self.spans.push(FaultSpan { node: node.to_owned(), category, since_ms, until_ms: None });
+    }
+
+    /// `node`'s fault ended now.
+    fn close_span(&mut self, node: &str) {
+        let now = self.now();
+        if let Some(span) = self.open_spans.remove(node).and_then(|i| self.spans.get_mut(i)) {
+            span.until_ms = Some(now);
         }
     }
 
@@ -243,6 +284,7 @@ impl World {
             Happening::ManualFix { node, since_ms } => self.manual_fix(&node, since_ms),
             Happening::JobWake { job, token } => self.job_wake(&job, token),
             Happening::GangStep { job, token } => self.gang_step(&job, token),
+            Happening::Noise(what) => self.noise(what),
         }
     }
 }

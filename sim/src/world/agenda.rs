@@ -20,6 +20,8 @@ pub enum Happening {
     JobWake { job: String, token: u64 },
     /// A timed step of a job's attempt under the gang scheduler.
     GangStep { job: String, token: u64 },
+    /// Benign noise (`[noise]`).
+    Noise(super::noise::Noise),
 }
 
 /// The happenings still to come, earliest first; those due at the same time in the order they

@@ -40,7 +40,9 @@ impl World {
     pub(super) fn heartbeat(&mut self, node: &str) {
         self.heartbeat_due.remove(node);
         let Some(sim) = self.nodes.get_mut(node).filter(|n| n.up && !n.retired) else { return };
-        if sim.echoes_left > 0 && sim.fault.is_some() {
+        let now = self.clock.now_ms();
+        let noisy = sim.noise.as_mut().is_some_and(|n| n.active(now));
+        if sim.echoes_left > 0 && (sim.fault.is_some() || noisy) {
             sim.echoes_left -= 1;
             let more = sim.echoes_left > 0;
             self.report(node, ReportTrigger::Interval);
@@ -59,6 +61,16 @@ impl World {
     /// observe it again.
     pub(super) fn echo_fault(&mut self, node: &str) {
         if let Some(sim) = self.nodes.get_mut(node).filter(|n| n.fault.is_some() && n.up) {
+            sim.echoes_left = ECHOES;
+            self.schedule_heartbeat(node);
+        }
+    }
+
+    /// The node's agent sees something of the noise: its next heartbeats observe it again.
+    pub(super) fn echo_noise(&mut self, node: &str) {
+        let now = self.now();
+        let Some(sim) = self.nodes.get_mut(node).filter(|n| n.up) else { return };
+        if sim.noise.as_mut().is_some_and(|n| n.active(now)) {
             sim.echoes_left = ECHOES;
             self.schedule_heartbeat(node);
         }

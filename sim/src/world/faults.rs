@@ -29,6 +29,7 @@ impl World {
             if let Some(sim) = self.nodes.get_mut(node) {
                 sim.fault = Some(ActiveFault { category, since_ms: now, latent });
                 self.faulted.insert(node.to_owned());
+                self.open_span(node, category);
             }
             let fix_at = now + row.replace_time.as_millis() as u64;
             self.schedule(fix_at, Happening::ManualFix { node: node.to_owned(), since_ms: now });
@@ -90,13 +91,19 @@ impl World {
         }
         sim.fault = None;
         self.faulted.remove(node);
-        if sim.up {
+        let up = sim.up;
+        self.close_span(node);
+        let Some(sim) = self.nodes.get_mut(node) else { return };
+        if up {
             self.report(node, ReportTrigger::Event);
         } else {
             sim.boot += 1;
             sim.up = true;
             self.presence.came_up(node);
+            let driver = self.driver_of(node);
+            self.noise_booted(node, driver);
             self.report(node, ReportTrigger::Startup);
+            self.echo_noise(node);
         }
     }
 }

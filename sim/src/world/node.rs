@@ -11,6 +11,7 @@ use fleetmend_proto::{
 };
 
 use crate::catalog::FaultCatalog;
+use crate::noise::NodeNoise;
 
 /// A fault on a node.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,7 +23,7 @@ pub struct ActiveFault {
 }
 
 /// One simulated node and its agent.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct SimNode {
     pub slot: u32,
     pub up: bool,
@@ -37,6 +38,8 @@ pub struct SimNode {
     pub results: Vec<CommandResult>,
     /// Heartbeats still to send in full while a fault is new.
     pub echoes_left: u32,
+    /// Its benign noise, in a noise run.
+    pub noise: Option<NodeNoise>,
 }
 
 impl SimNode {
@@ -52,7 +55,22 @@ impl SimNode {
             ranks: BTreeMap::new(),
             results: Vec::new(),
             echoes_left: 0,
+            noise: None,
         }
+    }
+
+    /// Whether a fault of `category` asks the repairer for an action: a finding that fails with
+    /// a repair or a drain recommended, or a node that falls silent.
+    pub fn fault_asks_for_action(catalog: &FaultCatalog, category: usize) -> bool {
+        if catalog.categories.get(category).is_some_and(|r| r.fault == Some(Fault::AgentKill)) {
+            return true;
+        }
+        let mut node = SimNode::new(0, 0);
+        node.fault = Some(ActiveFault { category, since_ms: 0, latent: false });
+        node.findings(catalog).iter().any(|f| {
+            f.status == Status::Fail
+                && !matches!(f.action, RecommendedAction::None | RecommendedAction::RestartApp)
+        })
     }
 
     /// What the node's agent sees.
@@ -141,14 +159,21 @@ impl SimNode {
         trigger: ReportTrigger,
         now: u64,
     ) -> Option<Report> {
-        let findings = self.findings(catalog);
+        let mut findings = self.findings(catalog);
         if !self.up || self.retired {
             return None;
+        }
+        let mut checks = Vec::new();
+        if let Some(noise) = self.noise.as_mut() {
+            let seen = noise.findings(now);
+            noise.changed(&seen);
+            findings.extend(seen);
+            checks = noise.runs(now);
         }
         self.seq += 1;
         let verdict = if findings.iter().any(|f| f.status == Status::Fail) {
             Verdict::Unhealthy
-        } else if findings.is_empty() {
+        } else if findings.iter().all(|f| f.status == Status::Ok) {
             Verdict::Healthy
         } else {
             Verdict::Degraded
@@ -162,7 +187,7 @@ impl SimNode {
             sent_at_ms: now,
             trigger,
             verdict,
-            checks: Vec::new(),
+            checks,
             findings,
             command_results: std::mem::take(&mut self.results),
             address: None,

@@ -44,6 +44,7 @@ impl World {
             return;
         }
         let mut relapse = None;
+        let mut cleared = false;
         if let Some(fault) = sim.fault.clone() {
             let row = &self.catalog.categories[fault.category];
             let dead = matches!(row.fault, Some(Fault::AgentKill)) && !row.reboot_clears;
@@ -54,14 +55,21 @@ impl World {
             if row.reboot_clears {
                 sim.fault = None;
                 self.faulted.remove(node);
+                cleared = true;
                 if draw < silent_rate {
                     relapse = Some(fault.category);
                 }
             }
         }
         sim.up = true;
+        if cleared {
+            self.close_span(node);
+        }
         self.presence.came_up(node);
+        let driver = self.driver_of(node);
+        self.noise_booted(node, driver);
         self.report(node, ReportTrigger::Startup);
+        self.echo_noise(node);
         self.echo_fault(node);
         if let Some(category) = relapse {
             self.relapse(node, category);
@@ -96,6 +104,7 @@ impl World {
             *vacant = true;
         }
         let category = sim.fault.as_ref().map_or(usize::MAX, |f| f.category);
+        self.close_span(node);
         let replace_time = self
             .catalog
             .categories
@@ -113,8 +122,11 @@ impl World {
         let interval = self.config.repairer.engine.report_interval.as_millis().max(1) as u64;
         let silent_rate = self.config.failures.silent_repair_rate;
         let draw = self.rng.f64();
-        self.nodes
-            .insert(node.to_owned(), SimNode::new(slot, super::heartbeat_phase(slot, interval)));
+        let mut sim = SimNode::new(slot, super::heartbeat_phase(slot, interval));
+        if self.config.noise.enabled {
+            sim.noise = Some(crate::noise::NodeNoise::new(self.now(), sim.phase_ms, interval));
+        }
+        self.nodes.insert(node.to_owned(), sim);
         if let Some(name) = self.slots.get_mut(slot as usize) {
             *name = node.to_owned();
         }
