@@ -160,8 +160,10 @@ pub struct NoiseFigures {
     /// Drains, reboots, replacements and quarantines a rule decided on a node with no fault.
     pub false_actions: Vec<FalseAction>,
     pub false_actions_per_1000_node_days: f64,
-    /// Alerts a rule raised on a node with no fault (no action on the node).
+    /// Alerts a rule raised on a node with no fault (no action on the node), and by the
+    /// `check/finding` they were raised for.
     pub alerts_on_healthy: u64,
+    pub alerts_by_finding: std::collections::BTreeMap<String, u64>,
     /// Real faults whose finding asks for an action, and how many of them a rule acted on.
     pub real_faults: u32,
     pub real_faults_acted_on: u32,
@@ -207,10 +209,16 @@ pub struct NodeNoise {
     pub lines: u64,
 }
 
+/// A new agent's judge of the built-in rules, compiled once for every node.
 fn judge() -> KernelLogJudge {
-    // The built-in rules always compile (a unit test of the agent holds them to it).
-    KernelLogJudge::new(&KernelLogConfig::default())
-        .unwrap_or_else(|err| panic!("the agent's built-in kernel-log rules: {err}"))
+    static BUILT_IN: std::sync::OnceLock<KernelLogJudge> = std::sync::OnceLock::new();
+    BUILT_IN
+        .get_or_init(|| {
+            // The built-in rules always compile (a unit test of the agent holds them to it).
+            KernelLogJudge::new(&KernelLogConfig::default())
+                .unwrap_or_else(|err| panic!("the agent's built-in kernel-log rules: {err}"))
+        })
+        .fresh()
 }
 
 fn wall(ms: u64) -> SystemTime {
@@ -517,6 +525,9 @@ impl NoiseFigures {
             self.false_actions_per_1000_node_days,
             self.alerts_on_healthy
         );
+        let by: Vec<String> =
+            self.alerts_by_finding.iter().map(|(finding, n)| format!("{finding} {n}")).collect();
+        let _ = writeln!(out, "    alerts by finding: {}", by.join(", "));
         for action in self.false_actions.iter().take(20) {
             let _ = writeln!(
                 out,

@@ -506,6 +506,10 @@ fn noise_figures(world: &World, events: &[Event], end: u64) -> NoiseFigures {
         if !acts {
             if !faulted_at(node, event.at_ms) {
                 figures.alerts_on_healthy += 1;
+                for finding in &event.findings {
+                    let name = format!("{}/{}", finding.check, finding.finding);
+                    *figures.alerts_by_finding.entry(name).or_default() += 1;
+                }
             }
             continue;
         }
