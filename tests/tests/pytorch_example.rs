@@ -1,7 +1,9 @@
-//! The PyTorch example (deploy/examples/pytorch/train_ddp.py) and its doc
-//! (docs/checkpoint-protocol.md) against fleetmend's own checkpoint code, without torch: the
-//! example's protocol part is plain Python, and `--backend fake` runs its training loop with a
-//! pure-Python stand-in model.
+//! The `fleetmend` Python package (python/), its PyTorch example
+//! (deploy/examples/pytorch/train_ddp.py) and the doc (docs/checkpoint-protocol.md) against
+//! fleetmend's own checkpoint code, with real torch: the package's plain part
+//! (`fleetmend.protocol`) with python3, the example under torch (CPU, gloo) from the venv
+//! `scripts/test` installs (`FLEETMEND_TORCH_PYTHON`), a world of one run directly and two ranks
+//! under torchrun.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -28,16 +30,34 @@ fn example() -> PathBuf {
     repo().join("deploy/examples/pytorch/train_ddp.py")
 }
 
-/// Runs Python code with the example importable as `train_ddp`; returns stdout and stderr.
+/// The Python with torch (and the package's dependencies) that `scripts/test` installs; the
+/// torch tests are never skipped for its absence.
+fn torch_python() -> PathBuf {
+    let path = std::env::var_os("FLEETMEND_TORCH_PYTHON").map_or_else(
+        || {
+            let home = std::env::var_os("HOME").unwrap_or_default();
+            Path::new(&home).join(".cache/fleetmend-torch/bin/python")
+        },
+        PathBuf::from,
+    );
+    assert!(
+        path.is_file(),
+        "no Python with torch at {} (scripts/test installs it; or set FLEETMEND_TORCH_PYTHON)",
+        path.display()
+    );
+    path
+}
+
+/// The package importable, nothing written into the source tree.
+fn with_package(command: &mut Command) -> &mut Command {
+    command.env("PYTHONPATH", repo().join("python")).env("PYTHONDONTWRITEBYTECODE", "1")
+}
+
+/// Runs Python code with the package's plain part importable as `fm`; returns stdout and stderr.
 fn python(code: &str) -> (String, String) {
-    let output = Command::new("python3")
-        .arg("-c")
-        .arg(code)
-        .env("PYTHONPATH", example().parent().unwrap())
-        // Nothing written into the source tree.
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .output()
-        .expect("python3 runs");
+    let code = format!("import fleetmend.protocol as fm\n{code}");
+    let output =
+        with_package(Command::new("python3").arg("-c").arg(code)).output().expect("python3 runs");
     let (stdout, stderr) = (
         String::from_utf8_lossy(&output.stdout).into_owned(),
         String::from_utf8_lossy(&output.stderr).into_owned(),
@@ -74,21 +94,17 @@ fn the_doc_and_the_example_name_exactly_the_protocol_variables() {
         .collect();
     assert_eq!(documented, vars::ALL);
 
-    let (stdout, _) = python("import json, train_ddp; print(json.dumps(train_ddp.PROTOCOL_VARS))");
+    let (stdout, _) = python("import json; print(json.dumps(fm.PROTOCOL_VARS))");
     let in_example: Vec<String> = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(in_example, vars::ALL);
 }
 
 #[test]
 fn the_example_refuses_a_bad_environment_naming_every_problem() {
-    let output = Command::new("python3")
-        .arg(example())
-        .args(["--backend", "fake"])
-        .env_clear()
+    let output = with_package(Command::new(torch_python()).arg(example()).env_clear())
         .env("RANK", "two")
         .env("WORLD_SIZE", "4")
         .env("MASTER_PORT", "0")
-        .env("PYTHONDONTWRITEBYTECODE", "1")
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
@@ -112,14 +128,13 @@ fn checkpoints_the_example_writes_verify_with_fleetmends_reader_and_match_its_fo
     let dir = tmp.path().join("ckpt");
     python(&format!(
         r#"
-import train_ddp
 files = {{
     "weights.bin": bytes(range(256)) * 20000,             # 5 MB, several IO pieces
     "state.json": b'{{"step": 7}}',
     "empty": b"",
     "streamed.bin": lambda out: [out.write(b"xyz" * 1000) for _ in range(500)],
 }}
-print(train_ddp.write_checkpoint({dir:?}, 7, 4, "job-py", files))
+print(fm.write_checkpoint({dir:?}, 7, 4, "job-py", files))
 "#,
         dir = dir.to_str().unwrap()
     ));
@@ -166,7 +181,7 @@ fn the_example_resumes_from_fleetmend_checkpoints_skipping_a_corrupted_one() {
     std::fs::write(&corrupted, bytes).unwrap();
 
     let (stdout, stderr) = python(&format!(
-        "import train_ddp; step, path, manifest = train_ddp.newest_valid_checkpoint({:?}); \
+        "step, path, manifest = fm.newest_valid_checkpoint({:?}); \
          print(step, manifest['job_id'])",
         dir.to_str().unwrap()
     ));
@@ -177,42 +192,60 @@ fn the_example_resumes_from_fleetmend_checkpoints_skipping_a_corrupted_one() {
     assert_eq!(newest_valid(&dir).unwrap().unwrap().step, 3);
 }
 
-/// The example as a child, with the protocol's environment, its stdout lines on a channel.
+/// The example as a child, with the protocol's environment, its stdout lines on a channel and
+/// its stderr (the package's log lines, torchrun's) in a file.
 struct Rank {
     child: Child,
     lines: Receiver<Value>,
+    log: tempfile::NamedTempFile,
+}
+
+/// A port free on loopback now (for a process group's rendezvous).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 impl Rank {
-    fn start(checkpoint_dir: &Path, restart_count: u32, steps: u64) -> Rank {
-        let mut child = Command::new("python3")
-            .arg(example())
-            .args(["--backend", "fake", "--checkpoint-every", "0", "--fake-step-seconds", "0.005"])
-            .args(["--steps", &steps.to_string()])
-            .env("RANK", "0")
-            .env("WORLD_SIZE", "1")
-            .env("LOCAL_RANK", "0")
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", "29500")
-            .env("FLEETMEND_JOB_ID", "job-fake")
+    /// The example as a world of one (`ranks` 1, the protocol's environment set here) or as
+    /// `ranks` ranks under torchrun (which sets the ranks' part of it), stepping `steps`.
+    fn start(checkpoint_dir: &Path, restart_count: u32, ranks: u32, args: &[&str]) -> Rank {
+        let mut command = Command::new(torch_python());
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let port = free_port().to_string();
+        if ranks > 1 {
+            let nproc = ranks.to_string();
+            command.args(["-m", "torch.distributed.run", "--nproc-per-node", &nproc]);
+            command.args(["--master-addr", "127.0.0.1", "--master-port", &port]);
+        } else {
+            command.env("RANK", "0").env("WORLD_SIZE", "1").env("LOCAL_RANK", "0");
+            command.env("MASTER_ADDR", "127.0.0.1").env("MASTER_PORT", &port);
+        }
+        let mut child = with_package(command.arg(example()).args(args))
+            .env("FLEETMEND_JOB_ID", "job-torch")
             .env("FLEETMEND_CHECKPOINT_DIR", checkpoint_dir)
             .env("FLEETMEND_RESTART_COUNT", restart_count.to_string())
-            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .env("OMP_NUM_THREADS", "1")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(log.reopen().unwrap())
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
         let (sender, lines) = mpsc::channel();
         thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let value: Value = serde_json::from_str(&line).expect("a JSON progress line");
+                // torchrun's own lines go to stderr; a rank's stdout is its JSON lines.
+                let Ok(value) = serde_json::from_str::<Value>(&line) else { continue };
                 if sender.send(value).is_err() {
                     break;
                 }
             }
         });
-        Rank { child, lines }
+        Rank { child, lines, log }
+    }
+
+    /// What it wrote to stderr so far.
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.log.path()).unwrap_or_default()
     }
 
     /// The next progress line that satisfies `want`; fails the test past the limit.
@@ -237,7 +270,13 @@ impl Rank {
     }
 
     /// Every remaining line and the exit code, once it exited; fails the test past the limit.
-    fn finish(mut self) -> (Vec<Value>, Option<i32>) {
+    fn finish(self) -> (Vec<Value>, Option<i32>) {
+        let (rest, code, _) = self.finish_with_log();
+        (rest, code)
+    }
+
+    /// [`Rank::finish`], with what it wrote to stderr.
+    fn finish_with_log(mut self) -> (Vec<Value>, Option<i32>, String) {
         let deadline = Instant::now() + LIMIT;
         let mut rest = Vec::new();
         // The reader thread ends (and drops its sender) when the process closes stdout.
@@ -247,12 +286,12 @@ impl Rank {
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     let _ = self.child.kill();
-                    panic!("the example did not exit within {LIMIT:?}");
+                    panic!("the example did not exit within {LIMIT:?}: {}", self.log());
                 }
             }
         }
         let status = self.child.wait().unwrap();
-        (rest, status.code())
+        (rest, status.code(), self.log())
     }
 }
 
@@ -264,7 +303,12 @@ fn step_of(line: &Value) -> u64 {
 fn sigusr1_checkpoints_and_trains_on_sigterm_checkpoints_and_exits_0_and_a_restart_resumes() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("ckpt");
-    let rank = Rank::start(&dir, 0, 1_000_000);
+    let rank = Rank::start(
+        &dir,
+        0,
+        1,
+        &["--steps", "1000000", "--checkpoint-every", "0", "--step-seconds", "0.005"],
+    );
 
     rank.line_where("step 5", |l| step_of(l) >= 5);
     rank.signal("USR1");
@@ -274,7 +318,7 @@ fn sigusr1_checkpoints_and_trains_on_sigterm_checkpoints_and_exits_0_and_a_resta
     // It trains on after SIGUSR1.
     rank.line_where("a step after the checkpoint", |l| step_of(l) >= usr1_step + 3);
     let usr1_checkpoint = checkpoint::verify(dir.join(step_dir_name(usr1_step))).unwrap();
-    assert_eq!(usr1_checkpoint.manifest.job_id, "job-fake");
+    assert_eq!(usr1_checkpoint.manifest.job_id, "job-torch");
 
     rank.signal("TERM");
     let (rest, code) = rank.finish();
@@ -286,11 +330,12 @@ fn sigusr1_checkpoints_and_trains_on_sigterm_checkpoints_and_exits_0_and_a_resta
     let newest = newest_valid(&dir).unwrap().unwrap();
     assert_eq!(newest.step, term_step);
     let state: Value =
-        serde_json::from_slice(&newest.read_file("trainer_state.json").unwrap()).unwrap();
+        serde_json::from_slice(&newest.read_file("job_state.json").unwrap()).unwrap();
     assert_eq!(state["step"].as_u64(), Some(term_step));
 
     // A restart resumes from there and ends with a checkpoint of its last step.
-    let rank = Rank::start(&dir, 1, term_step + 3);
+    let steps = (term_step + 3).to_string();
+    let rank = Rank::start(&dir, 1, 1, &["--steps", &steps, "--checkpoint-every", "0"]);
     let first = rank.line_where("the first step", |_| true);
     assert_eq!(first["start_step"].as_u64(), Some(term_step));
     assert_eq!(first["attempt"].as_u64(), Some(1));
@@ -360,8 +405,7 @@ fn a_standby_s_503_sends_the_example_s_progress_to_the_leader_it_names() {
         (to_standby, to_leader)
     });
     let (stdout, stderr) = python(&format!(
-        "import train_ddp\n\
-         p = train_ddp.ProgressPoster({:?}, 'tok')\n\
+        "p = fm.ProgressPoster({:?}, 'tok')\n\
          print(p.post({{'step': 3}}))\n\
          print(p.url)\n",
         format!("{standby_url}/v1/jobs/job-py/progress")
@@ -375,4 +419,128 @@ fn a_standby_s_503_sends_the_example_s_progress_to_the_leader_it_names() {
     assert_eq!(printed[0], "7", "the leader's answer is the post's: {stdout}");
     assert_eq!(printed[1], format!("{leader_base}/v1/jobs/job-py/progress"), "later posts too");
     assert!(stderr.contains("progress goes to the leading repairer"), "{stderr}");
+}
+
+/// Runs the example to its end under `ranks` ranks; returns the final weights' digest rank 0
+/// printed, the first step line and the log.
+fn run_to_end(dir: &Path, restart_count: u32, ranks: u32, steps: u64) -> (String, Value, String) {
+    let steps = steps.to_string();
+    let rank =
+        Rank::start(dir, restart_count, ranks, &["--steps", &steps, "--checkpoint-every", "10"]);
+    let first = rank.line_where("the first step", |l| l.get("step").is_some());
+    let (rest, code, log) = rank.finish_with_log();
+    assert_eq!(code, Some(0), "{log}");
+    let digest = rest
+        .iter()
+        .find_map(|l| l["final_weights_sha256"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("no final digest: {rest:?}\n{log}"));
+    (digest, first, log)
+}
+
+#[test]
+fn a_two_rank_torchrun_job_stopped_and_resumed_ends_with_the_weights_of_an_uninterrupted_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (whole, _, _) = run_to_end(&tmp.path().join("whole"), 0, 2, 40);
+    let dir = tmp.path().join("stopped");
+    let (at_25, _, _) = run_to_end(&dir, 0, 2, 25);
+    assert_ne!(at_25, whole);
+    let (resumed, first, log) = run_to_end(&dir, 1, 2, 40);
+    assert_eq!(first["start_step"].as_u64(), Some(25), "{log}");
+    assert_eq!(first["attempt"].as_u64(), Some(1));
+    assert_eq!(resumed, whole, "the resumed run's weights differ from the uninterrupted run's");
+    // Every rank wrote its own part, and fleetmend's own reader verifies the checkpoint.
+    let newest = newest_valid(&dir).unwrap().unwrap();
+    assert_eq!((newest.step, newest.world_size()), (40, 2));
+    let names: Vec<&str> = newest.file_names().collect();
+    assert_eq!(names, ["__0_0.distcp", "__1_0.distcp", "dcp.metadata", "job_state.json"]);
+}
+
+#[test]
+fn a_truncated_part_of_the_newest_checkpoint_is_refused_and_named_and_the_one_before_used() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (whole, _, _) = run_to_end(&tmp.path().join("whole"), 0, 2, 40);
+    let dir = tmp.path().join("ckpt");
+    run_to_end(&dir, 0, 2, 25);
+    let part = dir.join(step_dir_name(25)).join("__1_0.distcp");
+    let bytes = std::fs::read(&part).unwrap();
+    std::fs::write(&part, &bytes[..bytes.len() / 2]).unwrap();
+    let (resumed, first, log) = run_to_end(&dir, 1, 2, 40);
+    assert_eq!(first["start_step"].as_u64(), Some(20), "{log}");
+    assert!(log.contains("checkpoint refused") && log.contains(&step_dir_name(25)), "{log}");
+    assert!(log.contains("'__1_0.distcp'") && log.contains("truncated"), "{log}");
+    assert_eq!(resumed, whole);
+}
+
+#[test]
+fn a_rank_killed_with_sigkill_is_resumed_from_the_last_periodic_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (whole, _, _) = run_to_end(&tmp.path().join("whole"), 0, 2, 60);
+    let dir = tmp.path().join("ckpt");
+    let args = ["--steps", "60", "--checkpoint-every", "10", "--step-seconds", "0.05"];
+    let run = Rank::start(&dir, 0, 2, &args);
+    run.line_where("the checkpoint of step 20", |l| {
+        l.get("checkpoint_step").and_then(Value::as_u64).is_some_and(|s| s >= 20)
+    });
+    // One of torchrun's two ranks, killed outright.
+    let ranks = Command::new("pgrep").arg("-P").arg(run.child.id().to_string()).output().unwrap();
+    let pids = String::from_utf8_lossy(&ranks.stdout).into_owned();
+    let victim = pids.split_whitespace().last().unwrap_or_else(|| panic!("no rank processes"));
+    assert!(Command::new("kill").args(["-KILL", victim]).status().unwrap().success());
+    let (_, code, log) = run.finish_with_log();
+    assert_ne!(code, Some(0), "torchrun exits non-zero when a rank was killed");
+    let last = newest_valid(&dir).unwrap().unwrap().step;
+    assert!(
+        last >= 20 && last % 10 == 0 && last < 60,
+        "newest {last}: {}",
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
+    let (resumed, first, log) = run_to_end(&dir, 1, 2, 60);
+    assert_eq!(first["start_step"].as_u64(), Some(last), "{log}");
+    assert_eq!(resumed, whole);
+}
+
+/// The package's own tests (python/tests, the standard library's unittest) pass.
+#[test]
+fn the_package_s_own_tests_pass() {
+    let output = with_package(&mut Command::new("python3"))
+        .args(["-m", "unittest", "discover", "-s"])
+        .arg(repo().join("python/tests"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("OK"), "{stderr}");
+}
+
+/// `pip install ./python` installs it: the package and its type marker, importable from where
+/// it went.
+#[test]
+fn pip_installs_the_package_with_its_type_marker() {
+    let tmp = tempfile::tempdir().unwrap();
+    let source = tmp.path().join("src");
+    // A copy, so the build's files stay out of the source tree.
+    let copied =
+        Command::new("cp").arg("-r").arg(repo().join("python")).arg(&source).status().unwrap();
+    assert!(copied.success());
+    let target = tmp.path().join("installed");
+    let output = Command::new(torch_python())
+        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+        .args(["--no-build-isolation", "--no-deps", "--target"])
+        .arg(&target)
+        .arg(&source)
+        .env("PIP_NO_INPUT", "1")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(target.join("fleetmend/py.typed").is_file());
+    let imported = Command::new(torch_python())
+        .args(["-c", "import fleetmend, fleetmend.torch; print(fleetmend.torch.__file__)"])
+        .env("PYTHONPATH", &target)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&imported.stdout);
+    assert!(imported.status.success(), "{}", String::from_utf8_lossy(&imported.stderr));
+    assert!(printed.trim().starts_with(target.to_str().unwrap()), "{printed}");
 }
