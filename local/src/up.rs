@@ -108,6 +108,14 @@ pub struct UpArgs {
     /// postgresql), one leading; kill the leader to watch another take over.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub repairers: u32,
+    /// The job's own command instead of the bundled trainer, after `--` (`fleetmend up -- python3
+    /// train.py --steps 200`; a PyTorch script on the `fleetmend` Python package, python/). Each
+    /// rank runs it with the checkpoint protocol's environment (docs/checkpoint-protocol.md);
+    /// --steps, --seed, --model and --pace are then the command's own. For a scenario's
+    /// comparison with an uninterrupted run, every rank ends by printing a JSON line
+    /// `{"event": "done", "step": N, "loss": L, "weights_sha256": "..."}`.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
 }
 
 /// `--scheduler`.
@@ -185,41 +193,25 @@ impl Drop for StderrToFile {
     }
 }
 
-/// How the main loop ended.
-enum End {
-    Job(JobState),
-    Signal(u8, &'static str),
-}
-
-async fn run(args: UpArgs) -> ExitCode {
-    let exe = match std::env::current_exe() {
-        Ok(exe) => exe,
-        Err(err) => {
-            eprintln!("fleetmend up: finding the fleetmend executable: {err}");
-            return ExitCode::from(EXIT_CANNOT_RUN);
-        }
-    };
-    let state_dir = FleetConfig::default_state_dir(args.state_dir.clone());
+/// The fleet's settings from the command line, or why they do not go together.
+fn fleet_config(args: &UpArgs, state_dir: PathBuf, exe: PathBuf) -> Result<FleetConfig, String> {
     let scheduler = match (args.scheduler, &args.slurm_conf) {
         (SchedulerChoice::Embedded, None) => FleetScheduler::Embedded,
         (SchedulerChoice::Embedded, Some(_)) => {
-            eprintln!("fleetmend up: --slurm-conf needs --scheduler slurm");
-            return ExitCode::from(EXIT_CANNOT_RUN);
+            return Err("--slurm-conf needs --scheduler slurm".to_owned());
         }
         (SchedulerChoice::Slurm, conf) => FleetScheduler::Slurm { conf: conf.clone() },
     };
     if args.scheduler == SchedulerChoice::Slurm && args.scenario.is_some() {
-        eprintln!(
-            "fleetmend up: --scenario measures the embedded queue's job (its attempts and steps); \
+        return Err("--scenario measures the embedded queue's job (its attempts and steps); \
              it does not run with --scheduler slurm"
-        );
-        return ExitCode::from(EXIT_CANNOT_RUN);
+            .to_owned());
     }
     let nodes = args.nodes.unwrap_or(match args.scheduler {
         SchedulerChoice::Embedded => DEFAULT_NODES,
         SchedulerChoice::Slurm => SLURM_DEFAULT_NODES,
     });
-    let mut config = FleetConfig {
+    Ok(FleetConfig {
         nodes,
         scheduler,
         spares: args.spares,
@@ -235,7 +227,32 @@ async fn run(args: UpArgs) -> ExitCode {
         collective_timeout: args.collective_timeout,
         model: args.model,
         pace: args.pace,
-        ..FleetConfig::new(state_dir.clone(), exe)
+        command: args.command.clone(),
+        ..FleetConfig::new(state_dir, exe)
+    })
+}
+
+/// How the main loop ended.
+enum End {
+    Job(JobState),
+    Signal(u8, &'static str),
+}
+
+async fn run(args: UpArgs) -> ExitCode {
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(err) => {
+            eprintln!("fleetmend up: finding the fleetmend executable: {err}");
+            return ExitCode::from(EXIT_CANNOT_RUN);
+        }
+    };
+    let state_dir = FleetConfig::default_state_dir(args.state_dir.clone());
+    let mut config = match fleet_config(&args, state_dir.clone(), exe) {
+        Ok(config) => config,
+        Err(message) => {
+            eprintln!("fleetmend up: {message}");
+            return ExitCode::from(EXIT_CANNOT_RUN);
+        }
     };
     let scenario = match args.scenario.as_deref().map(Scenario::load).transpose() {
         Ok(scenario) => scenario,

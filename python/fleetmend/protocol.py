@@ -47,9 +47,25 @@ STEP_DIGITS = 8
 IO_BYTES = 1 << 20
 
 
+def emit(stream: Any, value: Mapping[str, Any]) -> None:
+    """`value` as one JSON line in one write: ranks sharing a pipe (torchrun's children, say)
+    never cut into each other's lines."""
+    text = json.dumps(value) + "\n"
+    try:
+        fd = stream.fileno()
+    except (AttributeError, io.UnsupportedOperation):  # not a file (a test's StringIO)
+        stream.write(text)
+        stream.flush()
+        return
+    data = text.encode()
+    while data:
+        data = data[os.write(fd, data):]
+
+
 def log(message: str, **fields: Any) -> None:
     """One JSON line on stderr (stdout carries the progress lines)."""
-    print(json.dumps({"msg": message, **fields}), file=sys.stderr, flush=True)
+    sys.stderr.flush()
+    emit(sys.stderr, {"msg": message, **fields})
 
 
 class ProtocolEnv:

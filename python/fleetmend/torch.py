@@ -44,6 +44,7 @@ from .protocol import (
     ProtocolEnv,
     StepExists,
     StopFlags,
+    emit,
     log,
     newest_valid_checkpoint,
     prune_checkpoints,
@@ -254,7 +255,8 @@ class Job:
             **({"checkpoint_step": step} if wrote else {}),
             "at_ms": int(time.time() * 1000),
         }
-        print(json.dumps(line), flush=True)
+        sys.stdout.flush()
+        emit(sys.stdout, line)
         wanted = self.progress.post(line) if self.progress else None
         if wanted:
             self.checkpoint_every = wanted

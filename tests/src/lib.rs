@@ -46,6 +46,24 @@ pub fn fleetmend_bin() -> PathBuf {
 
 /// A free TCP port on 127.0.0.1 (bound then released; fine for tests that start a server on it at
 /// once).
+/// The Python with torch that `scripts/test` installs (`FLEETMEND_TORCH_PYTHON`, else
+/// `~/.cache/fleetmend-torch/bin/python`); the torch tests are never skipped for its absence.
+pub fn torch_python() -> PathBuf {
+    let path = std::env::var_os("FLEETMEND_TORCH_PYTHON").map_or_else(
+        || {
+            let home = std::env::var_os("HOME").unwrap_or_default();
+            Path::new(&home).join(".cache/fleetmend-torch/bin/python")
+        },
+        PathBuf::from,
+    );
+    assert!(
+        path.is_file(),
+        "no Python with torch at {} (scripts/test installs it; or set FLEETMEND_TORCH_PYTHON)",
+        path.display()
+    );
+    path
+}
+
 pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
     listener.local_addr().expect("local address").port()

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use fleetmend_runtime::checkpoint::{
     self, CheckpointWriter, MANIFEST_FILE, newest_valid, step_dir_name, vars,
 };
+use fleetmend_tests::torch_python;
 use serde_json::Value;
 
 /// Longest wait for the example to print its next line or exit.
@@ -28,24 +29,6 @@ fn repo() -> PathBuf {
 
 fn example() -> PathBuf {
     repo().join("deploy/examples/pytorch/train_ddp.py")
-}
-
-/// The Python with torch (and the package's dependencies) that `scripts/test` installs; the
-/// torch tests are never skipped for its absence.
-fn torch_python() -> PathBuf {
-    let path = std::env::var_os("FLEETMEND_TORCH_PYTHON").map_or_else(
-        || {
-            let home = std::env::var_os("HOME").unwrap_or_default();
-            Path::new(&home).join(".cache/fleetmend-torch/bin/python")
-        },
-        PathBuf::from,
-    );
-    assert!(
-        path.is_file(),
-        "no Python with torch at {} (scripts/test installs it; or set FLEETMEND_TORCH_PYTHON)",
-        path.display()
-    );
-    path
 }
 
 /// The package importable, nothing written into the source tree.
@@ -421,8 +404,8 @@ fn a_standby_s_503_sends_the_example_s_progress_to_the_leader_it_names() {
     assert!(stderr.contains("progress goes to the leading repairer"), "{stderr}");
 }
 
-/// Runs the example to its end under `ranks` ranks; returns the final weights' digest rank 0
-/// printed, the first step line and the log.
+/// Runs the example to its end under `ranks` ranks; returns the final weights' digest every
+/// rank printed in its `done` line (they agree), the first step line and the log.
 fn run_to_end(dir: &Path, restart_count: u32, ranks: u32, steps: u64) -> (String, Value, String) {
     let steps = steps.to_string();
     let rank =
@@ -430,11 +413,14 @@ fn run_to_end(dir: &Path, restart_count: u32, ranks: u32, steps: u64) -> (String
     let first = rank.line_where("the first step", |l| l.get("step").is_some());
     let (rest, code, log) = rank.finish_with_log();
     assert_eq!(code, Some(0), "{log}");
-    let digest = rest
+    let digests: Vec<&str> = rest
         .iter()
-        .find_map(|l| l["final_weights_sha256"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| panic!("no final digest: {rest:?}\n{log}"));
-    (digest, first, log)
+        .filter(|l| l["event"] == "done")
+        .filter_map(|l| l["weights_sha256"].as_str())
+        .collect();
+    assert_eq!(digests.len(), ranks as usize, "a done line per rank: {rest:?}\n{log}");
+    assert!(digests.iter().all(|d| *d == digests[0]), "the ranks disagree: {digests:?}");
+    (digests[0].to_owned(), first, log)
 }
 
 #[test]
@@ -490,7 +476,7 @@ fn a_rank_killed_with_sigkill_is_resumed_from_the_last_periodic_checkpoint() {
     assert_ne!(code, Some(0), "torchrun exits non-zero when a rank was killed");
     let last = newest_valid(&dir).unwrap().unwrap().step;
     assert!(
-        last >= 20 && last % 10 == 0 && last < 60,
+        last >= 20 && last.is_multiple_of(10) && last < 60,
         "newest {last}: {}",
         std::fs::read_to_string(log).unwrap_or_default()
     );

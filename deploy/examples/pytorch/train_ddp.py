@@ -9,12 +9,12 @@ Run one process per rank, as `fleetmend submit` starts them or torchrun does on 
 
 The model is a small MLP regression, seeded and deterministic on the CPU (gloo; nccl on GPUs):
 the same steps give the same weights bit for bit, however often the job was stopped and resumed.
-At the end, rank 0 prints `{"final_weights_sha256": ...}`: a digest of the model's parameters.
+At the end every rank prints `{"event": "done", "step", "loss", "weights_sha256"}` (a digest of the
+model's parameters), the line `fleetmend up`'s scenarios compare with an uninterrupted run.
 """
 
 import argparse
 import hashlib
-import json
 import sys
 
 import torch
@@ -59,21 +59,24 @@ def main(argv=None):
     job = fm.Job(model, optimizer, session=session, checkpoint_every=args.checkpoint_every,
                  keep_last=args.keep_last)
     step = job.resume()
+    loss = job.extra.get("loss")
     while step < args.steps:
         x, y = batch(args.seed, step, session.rank, args.batch_size)
-        loss = F.mse_loss(model(x.to(session.device)), y.to(session.device))
+        out = F.mse_loss(model(x.to(session.device)), y.to(session.device))
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        out.backward()
         optimizer.step()
+        loss = float(out.detach())
+        job.extra["loss"] = loss
         if args.step_seconds:
             import time
             time.sleep(args.step_seconds)
         step += 1
-        if job.step_done(step, float(loss.detach()), last=step == args.steps, samples=args.batch_size):
+        if job.step_done(step, loss, last=step == args.steps, samples=args.batch_size):
             job.close()
             return 0
-    if session.rank == 0:
-        print(json.dumps({"final_weights_sha256": weights_sha256(model.module), "step": step}), flush=True)
+    done = {"event": "done", "step": step, "loss": loss, "weights_sha256": weights_sha256(model.module)}
+    fm.emit(sys.stdout, done)
     job.close()
     return 0
 

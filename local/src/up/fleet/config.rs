@@ -57,6 +57,10 @@ pub struct FleetConfig {
     pub alert_sinks: Vec<SinkConfig>,
     /// Who runs the job: the repairer's embedded queue, or a Slurm cluster.
     pub scheduler: FleetScheduler,
+    /// The job's own command instead of the bundled trainer (`fleetmend up -- COMMAND`): each
+    /// rank runs it with the checkpoint protocol's environment, and `steps`, `seed`, `model`
+    /// and `pace` are the command's to say. Empty: `fleetmend train`.
+    pub command: Vec<String>,
 }
 
 /// Who runs a fleet's job.
@@ -96,6 +100,7 @@ impl FleetConfig {
             mode: Mode::Enforce,
             alert_sinks: Vec::new(),
             scheduler: FleetScheduler::Embedded,
+            command: Vec::new(),
         }
     }
 
@@ -141,6 +146,17 @@ impl FleetConfig {
         }
         if self.state_dir.as_os_str().is_empty() {
             push("state_dir", "must not be empty".to_owned());
+        }
+        if !self.command.is_empty() && self.scheduler != FleetScheduler::Embedded {
+            push(
+                "command",
+                "a job's own command runs on the embedded queue; with Slurm the job is \
+                 deploy/slurm/resumable.sbatch (or submit your own sbatch script)"
+                    .to_owned(),
+            );
+        }
+        if self.command.first().is_some_and(String::is_empty) {
+            push("command", "the program is empty".to_owned());
         }
         problems
     }

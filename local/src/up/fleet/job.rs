@@ -44,9 +44,22 @@ pub(in crate::up) fn final_line_of(state_dir: &Path, job: &JobView) -> Option<Fi
     })
 }
 
-/// The training job of a fleet (its checkpoints in a new folder of `state_dir`).
+/// The training job of a fleet (its checkpoints in a new folder of `state_dir`): the bundled
+/// trainer, or the fleet's own command.
 pub(in crate::up) fn job_spec(config: &FleetConfig, state_dir: &Path) -> JobSpec {
     let checkpoints = state_dir.join("checkpoints").join(format!("run-{}", now_ms()));
+    if !config.command.is_empty() {
+        return JobSpec {
+            name: Some("job".to_owned()),
+            argv: config.command.clone(),
+            nodes: config.nodes,
+            priority: 0,
+            checkpoint_dir: checkpoints.display().to_string(),
+            max_restarts: config.max_restarts,
+            checkpoint_every: None,
+            env: Default::default(),
+        };
+    }
     let exe = config.exe.display().to_string();
     let mut argv = vec![
         exe,
