@@ -30,8 +30,9 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -54,6 +55,8 @@ from .protocol import (
     verify_checkpoint,
 )
 
+#: Steps whose compute a post's `step_seconds` is the mean of.
+COMPUTE_WINDOW = 32
 #: The job's own state beside the tensors (step, data cursor, RNG states), written by rank 0.
 JOB_STATE_FILE = "job_state.json"
 #: `torch.distributed.checkpoint`'s metadata file, kept under a name the manifest allows (names
@@ -119,6 +122,33 @@ class Job:
         self.start_step = 0
         self._lost = False
         self._last_step_at = time.monotonic()
+        # This rank's compute, timed apart from the collectives (a straggler is measured by it:
+        # under data parallelism every rank's wall time per step is the slowest one's): the
+        # forward pass and the optimizer's step, which in DDP run no collective.
+        self._compute = 0.0
+        self._timed = False
+        self._started: Optional[float] = None
+        # The last steps' compute: the mean over them is what a post says. A throttled rank is
+        # slowed in bursts (a cgroup's quota runs out, it waits for the next period), which a
+        # single step's time misses more often than not.
+        self._recent: Deque[float] = deque(maxlen=COMPUTE_WINDOW)
+        # The late agreement in flight, and the interval the queue asked for, to agree next.
+        self._in_flight: Optional[Tuple[Any, torch.Tensor]] = None
+        self._wanted = 0
+        model.register_forward_pre_hook(lambda *_: self._begin())
+        model.register_forward_hook(lambda *_: self._end())
+        if optimizer is not None:
+            optimizer.register_step_pre_hook(lambda *_: self._begin())
+            optimizer.register_step_post_hook(lambda *_: self._end())
+
+    def _begin(self) -> None:
+        self._started = time.monotonic()
+
+    def _end(self) -> None:
+        if self._started is not None:
+            self._compute += time.monotonic() - self._started
+            self._timed = True
+            self._started = None
 
     # -- the state -----------------------------------------------------------------------
 
@@ -134,6 +164,17 @@ class Job:
         tensor = torch.tensor(values, dtype=torch.int64, device=self.session.device)
         dist.all_reduce(tensor, op=op)
         return [int(v) for v in tensor.tolist()]
+
+    def _agree_late(self, values: List[int]) -> List[int]:
+        """Sends `values` for MAX over the ranks and returns what the previous call sent came to
+        (zeros the first time)."""
+        tensor = torch.tensor(values, dtype=torch.int64, device=self.session.device)
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, async_op=True)
+        previous, self._in_flight = self._in_flight, (work, tensor)
+        if previous is None:
+            return [0] * len(values)
+        previous[0].wait()
+        return [int(v) for v in previous[1].tolist()]
 
     def _broadcast(self, value: int) -> int:
         tensor = torch.tensor([value], dtype=torch.int64, device=self.session.device)
@@ -228,30 +269,43 @@ class Job:
     def step_done(self, step: int, loss: float, *, last: bool = False,
                   samples: Optional[int] = None) -> bool:
         """Call after every optimizer step, on every rank, with the step count done. Agrees the
-        signals across ranks, writes the checkpoint that is due (periodic, SIGUSR1, SIGTERM,
-        `last`), prints and posts the step's progress. True when the job must stop now (SIGTERM:
-        checkpointed; exit 0)."""
+        signals across ranks (a step after they arrived), writes the checkpoint that is due
+        (periodic, SIGUSR1, SIGTERM, `last`), prints and posts the step's progress. True when the
+        job must stop now (SIGTERM: checkpointed; exit 0)."""
         now = time.monotonic()
-        step_seconds, self._last_step_at = now - self._last_step_at, now
+        wall_seconds, self._last_step_at = now - self._last_step_at, now
+        # Compute where the hooks timed it, else the wall time; the mean of the last steps'.
+        self._recent.append(self._compute if self._timed else wall_seconds)
+        step_seconds = sum(self._recent) / len(self._recent)
+        self._compute, self._timed = 0.0, False
         flags = self.session.flags
-        periodic = self.checkpoint_every > 0 and step % self.checkpoint_every == 0
-        usr1, term, periodic_any, lost, is_last = self._agree(
-            [int(flags.checkpoint_requested), int(flags.stop_requested), int(periodic),
-             int(not math.isfinite(loss)), int(last)], dist.ReduceOp.MAX)
+        # The signals and the interval the queue asked for are agreed a step late, by an
+        # all-reduce that runs while the next step computes: every rank still acts on them at the
+        # same step, and no step waits for a collective of its own.
+        usr1, term, interval = self._agree_late(
+            [int(flags.checkpoint_requested), int(flags.stop_requested), self._wanted])
         flags.checkpoint_requested = False
-        # Weights that gave a NaN or infinite loss on any rank are never checkpointed: a restart
-        # resumes from the newest checkpoint before them.
-        self._lost = self._lost or bool(lost)
+        self._wanted = 0
+        if interval > 0:
+            self.checkpoint_every = interval
+        periodic = self.checkpoint_every > 0 and step % self.checkpoint_every == 0
+        self._lost = self._lost or not math.isfinite(loss)
         wrote = None
-        if (usr1 or term or periodic_any or is_last) and not self._lost:
-            wrote = self.save(step)
+        if usr1 or term or periodic or last:
+            # Weights that gave a NaN or infinite loss on any rank are never checkpointed (a
+            # restart resumes from the newest checkpoint before them): agreed now, at once.
+            (lost,) = self._agree([int(self._lost)], dist.ReduceOp.MAX)
+            self._lost = bool(lost)
+            if not self._lost:
+                wrote = self.save(step)
         line: Dict[str, Any] = {
             "job": self.env.job_id, "attempt": self.env.restart_count, "rank": self.env.rank,
             "step": step, "start_step": self.start_step,
             # JSON has no NaN: a loss that is not finite goes as null.
             "loss": loss if math.isfinite(loss) else None,
             "step_seconds": step_seconds,
-            **({"samples_per_second": samples / max(step_seconds, 1e-9)} if samples else {}),
+            "wall_seconds": wall_seconds,
+            **({"samples_per_second": samples / max(wall_seconds, 1e-9)} if samples else {}),
             **({"checkpoint_step": step} if wrote else {}),
             "at_ms": int(time.time() * 1000),
         }
@@ -259,12 +313,22 @@ class Job:
         emit(sys.stdout, line)
         wanted = self.progress.post(line) if self.progress else None
         if wanted:
-            self.checkpoint_every = wanted
+            self._wanted = wanted
         if term:
             log("stopping after a checkpoint (SIGTERM)", rank=self.env.rank, step=step)
         return bool(term)
 
     def close(self) -> None:
-        """Leaves the process group if `init` joined it."""
+        """Leaves the process group if `init` joined it, once every rank is there: a rank that
+        tears its group down while a peer still talks to it makes gloo's threads abort that peer
+        at exit (`terminate called without an active exception`, exit -6), a finished job's rank
+        then counting as failed."""
+        if self._in_flight is not None:
+            self._in_flight[0].wait()
+            self._in_flight = None
         if self.session.owns_group and dist.is_initialized():
+            try:
+                dist.barrier()
+            except RuntimeError as e:  # a peer already gone: nothing left to wait for
+                log("leaving the process group without every rank", error=str(e))
             dist.destroy_process_group()

@@ -345,8 +345,14 @@ pub fn job_line(job: &JobView) -> String {
         "job {} {}: attempt {}, restarts {}/{}",
         j.id, j.state, j.attempt, j.restarts, j.spec.max_restarts
     );
-    let total =
-        j.spec.argv.iter().position(|a| a == "--steps").and_then(|i| j.spec.argv.get(i + 1));
+    // `--steps N` or `--steps=N`: the bundled trainer's, or a job's own command's.
+    let argv = &j.spec.argv;
+    let total: Option<&str> = argv
+        .iter()
+        .position(|a| a == "--steps")
+        .and_then(|i| argv.get(i + 1))
+        .map(String::as_str)
+        .or_else(|| argv.iter().find_map(|a| a.strip_prefix("--steps=")));
     match (job.step, total) {
         (Some(step), Some(total)) => {
             let _ = write!(text, ", step {step}/{total}");
