@@ -469,6 +469,37 @@ impl Up {
         std::fs::read_to_string(&self.stdout).unwrap_or_default()
     }
 
+    /// `fleetmend inject NODE FAULT` into the fleet of `state`; what it said.
+    pub fn inject(state: &Path, node: &str, fault: &str) -> String {
+        let injected = run_with_timeout(
+            Command::new(fleetmend_bin())
+                .arg("inject")
+                .arg("--state-dir")
+                .arg(state)
+                .args([node, fault]),
+            Duration::from_secs(20),
+        );
+        let said = String::from_utf8_lossy(&injected.stdout).into_owned();
+        assert!(injected.status.success(), "{said}{}", String::from_utf8_lossy(&injected.stderr));
+        said
+    }
+
+    /// Waits up to `limit` for `up` to exit 0, its job completed with the weights `straight`
+    /// and every `expected` text in its output; returns the output.
+    pub fn completes_with(&mut self, limit: Duration, straight: &str, expected: &[&str]) -> String {
+        let status = self.wait(limit);
+        let status =
+            status.unwrap_or_else(|| panic!("fleetmend up did not finish:\n{}", self.output()));
+        assert!(status.success(), "fleetmend up: {status}\n{}", self.output());
+        let text = self.stdout();
+        for expected in expected {
+            assert!(text.contains(expected), "no {expected:?} in:\n{}", self.output());
+        }
+        let done = text.lines().find(|l| l.contains("completed: step")).unwrap_or_default();
+        assert!(done.ends_with(&format!("weights sha256 {straight}")), "{done}\n{}", self.output());
+        text
+    }
+
     /// Stdout and the last lines of stderr, for a failure message.
     pub fn output(&self) -> String {
         let stderr = std::fs::read_to_string(&self.stderr).unwrap_or_default();

@@ -14,10 +14,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use fleetmend_tests::{Up, fleetmend_bin, poll_until, run_with_timeout, uninterrupted_hash};
+use fleetmend_tests::{Up, fleetmend_bin, poll_until, uninterrupted_hash};
 
 const STEPS: u64 = 150;
 const LIMIT: Duration = Duration::from_secs(100);
@@ -84,31 +83,7 @@ fn up_training(dir: &Path, steps: u64, shape: &Shape) -> Up {
 
 /// `fleetmend inject` of `fault` on node-2; what it said.
 fn inject(dir: &Path, fault: &str) -> String {
-    let injected = run_with_timeout(
-        Command::new(fleetmend_bin())
-            .arg("inject")
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .args(["node-2", fault]),
-        Duration::from_secs(20),
-    );
-    let said = String::from_utf8_lossy(&injected.stdout).into_owned();
-    assert!(injected.status.success(), "{said}{}", String::from_utf8_lossy(&injected.stderr));
-    said
-}
-
-/// Waits for `up` to exit 0; asserts `expected` lines and the uninterrupted run's weights.
-fn completes_with(up: &mut Up, straight: &str, expected: &[&str]) -> String {
-    let status = up.wait(LIMIT * 2);
-    let status = status.unwrap_or_else(|| panic!("fleetmend up did not finish:\n{}", up.output()));
-    let text = up.stdout();
-    assert!(status.success(), "fleetmend up: {status}\n{}", up.output());
-    for expected in expected {
-        assert!(text.contains(expected), "no {expected:?} in:\n{}", up.output());
-    }
-    let done = text.lines().find(|l| l.contains("completed: step")).unwrap_or_default();
-    assert!(done.ends_with(&format!("weights sha256 {straight}")), "{done}\n{}", up.output());
-    text
+    Up::inject(&dir.join("state"), "node-2", fault)
 }
 
 #[test]
@@ -134,8 +109,8 @@ fn a_stopped_rank_is_found_hung_long_before_the_collective_timeout_and_the_job_r
     assert!(named.starts_with("rank ") && named.ends_with(" on node-2"), "{hung}");
     assert!(!named.contains(','), "only the stopped rank is named: {hung}");
 
-    let text = completes_with(
-        &mut up,
+    let text = up.completes_with(
+        LIMIT * 2,
         &straight,
         &["restarts 1", "requeued at the front (restart 1 of 10) after: hung"],
     );
@@ -154,8 +129,8 @@ fn a_nan_loss_stops_the_job_and_it_resumes_from_the_checkpoint_before() {
     assert!(seen, "no job-loss-not-finite event:\n{}", up.output());
     // The weights hash equals the uninterrupted run's: no NaN reached a checkpoint the job
     // resumed from.
-    completes_with(
-        &mut up,
+    up.completes_with(
+        LIMIT * 2,
         &straight,
         &[
             "the loss was not finite at step",
@@ -185,8 +160,8 @@ fn a_rank_throttled_to_half_its_cpu_is_a_straggler_and_the_spare_takes_its_place
     let text = up.stdout();
     let line = text.lines().find(|l| l.contains("job-straggler")).unwrap_or_default();
     assert!(line.contains("node-2 job-straggler") && line.contains("x slower"), "{line}");
-    completes_with(
-        &mut up,
+    up.completes_with(
+        LIMIT * 2,
         &straight,
         &["node-2 state-changed healthy -> draining", "spare-taken", "restarts 1"],
     );

@@ -14,15 +14,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use fleetmend_local::scenario::{self, Expect, Scenario};
 use fleetmend_local::up::{Fleet, FleetConfig};
 use fleetmend_tests::netns::story;
-use fleetmend_tests::{
-    Up, fleetmend_bin, poll_until, run_with_timeout, torch_python, workspace_root,
-};
+use fleetmend_tests::{Up, fleetmend_bin, poll_until, torch_python, workspace_root};
 
 const SCENARIO: &str = r#"
 name = "torch-xid-79"
@@ -116,30 +113,7 @@ fn up_training(dir: &Path, job: &[String]) -> Up {
 
 /// `fleetmend inject` of `fault` on node-2; what it said.
 fn inject(dir: &Path, fault: &str) -> String {
-    let injected = run_with_timeout(
-        Command::new(fleetmend_bin())
-            .arg("inject")
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .args(["node-2", fault]),
-        Duration::from_secs(20),
-    );
-    let said = String::from_utf8_lossy(&injected.stdout).into_owned();
-    assert!(injected.status.success(), "{said}{}", String::from_utf8_lossy(&injected.stderr));
-    said
-}
-
-/// Waits for `up` to exit 0 with the uninterrupted run's weights and `expected` lines.
-fn completes_with(up: &mut Up, straight: &str, expected: &[&str]) {
-    let status = up.wait(LIMIT * 2);
-    let status = status.unwrap_or_else(|| panic!("fleetmend up did not finish:\n{}", up.output()));
-    assert!(status.success(), "fleetmend up: {status}\n{}", up.output());
-    let text = up.stdout();
-    for expected in expected {
-        assert!(text.contains(expected), "no {expected:?} in:\n{}", up.output());
-    }
-    let done = text.lines().find(|l| l.contains("completed: step")).unwrap_or_default();
-    assert!(done.ends_with(&format!("weights sha256 {straight}")), "{done}\n{}", up.output());
+    Up::inject(&dir.join("state"), "node-2", fault)
 }
 
 #[test]
@@ -158,7 +132,7 @@ fn a_stopped_torch_rank_is_found_hung_from_its_heartbeats_and_the_job_resumes() 
     let text = up.stdout();
     let hung = text.lines().find(|l| l.contains("job-hung")).unwrap_or_default();
     assert!(hung.contains("on node-2"), "the stopped rank is named: {hung}");
-    completes_with(&mut up, &straight, &["restarts 1", "after: hung"]);
+    up.completes_with(LIMIT * 2, &straight, &["restarts 1", "after: hung"]);
 }
 
 #[test]

@@ -556,20 +556,26 @@ pub struct KernelLogCheck {
     follower: Option<Follower>,
 }
 
-impl KernelLogCheck {
-    pub fn new(config: &KernelLogConfig, ctx: BuildContext<'_>) -> Self {
-        let mut compiled = Vec::new();
-        let mut broken = Vec::new();
-        for rule in rules::effective_rules(config.builtin_rules, &config.rules) {
-            match rules::compile(&rule) {
-                Ok(rule) => compiled.push(rule),
-                Err(problems) => {
-                    let why: Vec<String> =
-                        problems.iter().map(|(field, msg)| format!("{field}: {msg}")).collect();
-                    broken.push((rule.name.clone(), why.join("; ")));
-                }
+/// The effective rules of `config` compiled, and those that did not compile: (name, why).
+fn compile_rules(config: &KernelLogConfig) -> (Vec<Rule>, Vec<(String, String)>) {
+    let mut compiled = Vec::new();
+    let mut broken = Vec::new();
+    for rule in rules::effective_rules(config.builtin_rules, &config.rules) {
+        match rules::compile(&rule) {
+            Ok(rule) => compiled.push(rule),
+            Err(problems) => {
+                let why: Vec<String> =
+                    problems.iter().map(|(field, msg)| format!("{field}: {msg}")).collect();
+                broken.push((rule.name.clone(), why.join("; ")));
             }
         }
+    }
+    (compiled, broken)
+}
+
+impl KernelLogCheck {
+    pub fn new(config: &KernelLogConfig, ctx: BuildContext<'_>) -> Self {
+        let (compiled, broken) = compile_rules(config);
         let rules: Arc<[Rule]> = compiled.into();
         let ledger = Arc::new(Mutex::new(Ledger::new(rules.len(), config)));
         let paths = ctx.paths;

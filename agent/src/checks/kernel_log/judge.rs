@@ -8,9 +8,9 @@ use std::time::{Duration, SystemTime};
 
 use fleetmend_proto::Finding;
 
-use super::rules::{self, Rule};
+use super::rules::Rule;
 use super::source::parse_record;
-use super::{KernelLogConfig, Ledger};
+use super::{KernelLogConfig, Ledger, compile_rules};
 
 /// The kernel_log check's rules and ledger over records handed to it.
 #[derive(Debug)]
@@ -25,16 +25,9 @@ impl KernelLogJudge {
     /// The rules of `config` (the built-in ones unless turned off); a rule that does not compile
     /// is an error naming it and why.
     pub fn new(config: &KernelLogConfig) -> Result<KernelLogJudge, String> {
-        let mut compiled = Vec::new();
-        for rule in rules::effective_rules(config.builtin_rules, &config.rules) {
-            match rules::compile(&rule) {
-                Ok(rule) => compiled.push(rule),
-                Err(problems) => {
-                    let why: Vec<String> =
-                        problems.iter().map(|(field, msg)| format!("{field}: {msg}")).collect();
-                    return Err(format!("rule {}: {}", rule.name, why.join("; ")));
-                }
-            }
+        let (compiled, broken) = compile_rules(config);
+        if let Some((name, why)) = broken.first() {
+            return Err(format!("rule {name}: {why}"));
         }
         let ledger = Ledger::new(compiled.len(), config);
         Ok(KernelLogJudge { rules: compiled.into(), config: Arc::new(config.clone()), ledger })
