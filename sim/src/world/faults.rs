@@ -93,17 +93,13 @@ impl World {
         self.faulted.remove(node);
         let up = sim.up;
         self.close_span(node);
-        let Some(sim) = self.nodes.get_mut(node) else { return };
         if up {
             self.report(node, ReportTrigger::Event);
         } else {
-            sim.boot += 1;
-            sim.up = true;
-            self.presence.came_up(node);
-            let driver = self.driver_of(node);
-            self.noise_booted(node, driver);
-            self.report(node, ReportTrigger::Startup);
-            self.echo_noise(node);
+            if let Some(sim) = self.nodes.get_mut(node) {
+                sim.boot += 1;
+            }
+            self.booted(node);
         }
     }
 }

@@ -235,10 +235,23 @@ impl World {
         self.nodes.get_mut(node).and_then(|n| n.noise.as_mut())
     }
 
-    /// The node booted (a planned reboot, or a repair's): a new log with the boot's lines, and
-    /// the links of a fresh boot still coming up.
-    pub(super) fn noise_booted(&mut self, node: &str, driver: &str) {
+    /// The node is up again after a boot (a repair's, a person's, a planned one): the repairer
+    /// hears from it, its agent's first report goes with what the fresh boot shows.
+    pub(super) fn booted(&mut self, node: &str) {
+        if let Some(sim) = self.nodes.get_mut(node) {
+            sim.up = true;
+        }
+        self.presence.came_up(node);
+        self.noise_booted(node);
+        self.report(node, ReportTrigger::Startup);
+        self.echo_noise(node);
+    }
+
+    /// The node booted: a new log with the boot's lines (on the driver it has now), and the links
+    /// of a fresh boot still coming up.
+    fn noise_booted(&mut self, node: &str) {
         let now = self.now();
+        let driver = self.driver_of(node);
         let Some(sim) = self.nodes.get_mut(node) else { return };
         let boot = sim.boot;
         let Some(noise) = sim.noise.as_mut() else { return };
@@ -258,7 +271,7 @@ impl World {
     }
 
     /// The driver a node boots on now.
-    pub(super) fn driver_of(&self, node: &str) -> &'static str {
+    fn driver_of(&self, node: &str) -> &'static str {
         if self.upgraded.contains(node) { NEW_DRIVER } else { OLD_DRIVER }
     }
 
@@ -311,14 +324,7 @@ impl World {
                 if upgrade {
                     self.upgraded.insert(node.to_owned());
                 }
-                if let Some(sim) = self.nodes.get_mut(node) {
-                    sim.up = true;
-                }
-                self.presence.came_up(node);
-                let driver = self.driver_of(node);
-                self.noise_booted(node, driver);
-                self.report(node, ReportTrigger::Startup);
-                self.echo_noise(node);
+                self.booted(node);
                 self.echo_fault(node);
                 self.schedule(now + UNDRAIN_AFTER_MS, Happening::Noise(next(Step::Undrain)));
             }

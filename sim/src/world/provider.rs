@@ -61,15 +61,10 @@ impl World {
                 }
             }
         }
-        sim.up = true;
         if cleared {
             self.close_span(node);
         }
-        self.presence.came_up(node);
-        let driver = self.driver_of(node);
-        self.noise_booted(node, driver);
-        self.report(node, ReportTrigger::Startup);
-        self.echo_noise(node);
+        self.booted(node);
         self.echo_fault(node);
         if let Some(category) = relapse {
             self.relapse(node, category);

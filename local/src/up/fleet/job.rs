@@ -48,21 +48,27 @@ pub(in crate::up) fn final_line_of(state_dir: &Path, job: &JobView) -> Option<Fi
 /// trainer, or the fleet's own command.
 pub(in crate::up) fn job_spec(config: &FleetConfig, state_dir: &Path) -> JobSpec {
     let checkpoints = state_dir.join("checkpoints").join(format!("run-{}", now_ms()));
-    if !config.command.is_empty() {
-        return JobSpec {
-            name: Some("job".to_owned()),
-            argv: config.command.clone(),
-            nodes: config.nodes,
-            priority: 0,
-            checkpoint_dir: checkpoints.display().to_string(),
-            max_restarts: config.max_restarts,
-            checkpoint_every: None,
-            env: Default::default(),
-        };
+    let (name, argv) = if config.command.is_empty() {
+        ("train", trainer_argv(config))
+    } else {
+        ("job", config.command.clone())
+    };
+    JobSpec {
+        name: Some(name.to_owned()),
+        argv,
+        nodes: config.nodes,
+        priority: 0,
+        checkpoint_dir: checkpoints.display().to_string(),
+        max_restarts: config.max_restarts,
+        checkpoint_every: None,
+        env: Default::default(),
     }
-    let exe = config.exe.display().to_string();
+}
+
+/// The bundled trainer's command line for the fleet's settings.
+fn trainer_argv(config: &FleetConfig) -> Vec<String> {
     let mut argv = vec![
-        exe,
+        config.exe.display().to_string(),
         "train".to_owned(),
         "--steps".to_owned(),
         config.steps.to_string(),
@@ -76,16 +82,7 @@ pub(in crate::up) fn job_spec(config: &FleetConfig, state_dir: &Path) -> JobSpec
         "60s".to_owned(),
     ];
     argv.extend(trainer_args(config.model, config.pace));
-    JobSpec {
-        name: Some("train".to_owned()),
-        argv,
-        nodes: config.nodes,
-        priority: 0,
-        checkpoint_dir: checkpoints.display().to_string(),
-        max_restarts: config.max_restarts,
-        checkpoint_every: None,
-        env: Default::default(),
-    }
+    argv
 }
 
 /// Whether a job state counts as success for `fleetmend up`'s exit status.
